@@ -1,0 +1,83 @@
+"""Auto-enable for tpu-closure-fix, run at interpreter start.
+
+Installed at the root of site-packages and named by ``tpu_closure_fix.pth``
+(every Python) and ``tpu_closure_fix.start`` (PEP 829, Python >= 3.15), and used
+by ``sitecustomize_example/``.
+
+Why it is this small: it runs in *every* interpreter of the environment, most of
+which never touch Lightning. So it imports nothing beyond ``os`` and ``sys``
+(already loaded at start-up), reads one environment variable, and puts one tiny
+finder at the front of ``sys.meta_path``. Only when a Lightning top-level
+package is about to be imported does the finder step aside and import
+``tpu_closure_fix`` (which brings wrapt and registers the real post-import
+hooks). The finder never loads anything itself: it always answers ``None``.
+
+Kept deliberately free of any import from ``tpu_closure_fix``: importing that
+package *is* enabling the shim.
+"""
+import os
+import sys
+
+# The top-level packages whose import activates the shim. Must equal
+# tpu_closure_fix.sites.top_level_packages() (a test checks it).
+LIGHTNING_PACKAGES = frozenset(("pytorch_lightning", "lightning", "lightning_lite", "lightning_fabric"))
+
+# Values of TPU_CLOSURE_FIX that disable the shim. Must equal
+# tpu_closure_fix.config.OFF_VALUES (a test checks it). Any other value is
+# left to tpu_closure_fix.config, which warns about values it does not accept.
+OFF_VALUES = frozenset(("0", "false", "off", "no"))
+
+
+class LightningImportWatcher(object):
+    """Meta-path finder that activates tpu_closure_fix on the first Lightning import.
+
+    It finds nothing: ``find_spec`` returns ``None`` so the normal finders load
+    the module. Before returning for a Lightning top-level package it removes
+    itself and imports ``tpu_closure_fix``, whose wrapt post-import hooks then
+    patch the call-site submodules as Lightning imports them.
+    """
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in LIGHTNING_PACKAGES:
+            return None
+        uninstall()
+        try:
+            import tpu_closure_fix  # noqa: F401  (importing it enables the shim)
+        except Exception as exc:  # never break the user's program
+            try:
+                import warnings
+
+                warnings.warn(
+                    "tpu-closure-fix could not activate (%s: %s); Lightning runs unpatched."
+                    % (type(exc).__name__, exc),
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            except Exception:
+                pass
+        return None
+
+
+def _disabled_by_environment():
+    return os.environ.get("TPU_CLOSURE_FIX", "").strip().lower() in OFF_VALUES
+
+
+def install():
+    """Arm the watcher (idempotent). Entry point of the .pth and .start files."""
+    if _disabled_by_environment():
+        return
+    if "tpu_closure_fix" in sys.modules:
+        return
+    for finder in sys.meta_path:
+        if isinstance(finder, LightningImportWatcher) or type(finder).__name__ == "LightningImportWatcher":
+            return
+    if any(name in sys.modules for name in LIGHTNING_PACKAGES):
+        # Lightning is already imported (e.g. install() called late): activate now.
+        LightningImportWatcher().find_spec(next(n for n in LIGHTNING_PACKAGES if n in sys.modules))
+        return
+    sys.meta_path.insert(0, LightningImportWatcher())
+
+
+def uninstall():
+    """Remove the watcher from sys.meta_path (idempotent)."""
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "LightningImportWatcher"]

@@ -1,0 +1,49 @@
+"""The one switch: the ``TPU_CLOSURE_FIX`` environment variable.
+
+Every activation mode (import, .pth/.start auto-enable, entry points,
+sitecustomize, ``tpu-closure-fix run``) asks :func:`enabled_from_environment`,
+so the variable means the same thing everywhere.
+"""
+import os
+import warnings
+
+ENV_VAR = "TPU_CLOSURE_FIX"
+ON_VALUES = frozenset(("1", "true", "on", "yes"))
+OFF_VALUES = frozenset(("0", "false", "off", "no"))
+
+
+class TPUClosureFixWarning(UserWarning):
+    """Something a user of tpu-closure-fix must know: a site left unpatched, a bad setting, a late enable."""
+
+
+_warned_values = set()
+
+
+def parse_switch(raw):
+    """Return (enabled, problem) for a raw value of TPU_CLOSURE_FIX.
+
+    Unset or empty means enabled. ``problem`` is a message naming the variable
+    and the accepted values when the value is not one of them (then the default,
+    enabled, applies); otherwise None.
+    """
+    if raw is None:
+        return True, None
+    value = raw.strip().lower()
+    if value == "" or value in ON_VALUES:
+        return True, None
+    if value in OFF_VALUES:
+        return False, None
+    return True, (
+        "%s=%r is not an accepted value; accepted: 1/true/on/yes (enable, the default) "
+        "or 0/false/off/no (disable), any case. Using the default: enabled." % (ENV_VAR, raw)
+    )
+
+
+def enabled_from_environment(environ=None):
+    """Read TPU_CLOSURE_FIX; warn once per distinct bad value."""
+    raw = (os.environ if environ is None else environ).get(ENV_VAR)
+    enabled, problem = parse_switch(raw)
+    if problem is not None and raw not in _warned_values:
+        _warned_values.add(raw)
+        warnings.warn(problem, TPUClosureFixWarning, stacklevel=3)
+    return enabled

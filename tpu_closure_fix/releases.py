@@ -1,0 +1,75 @@
+"""The release guard: which Lightning release is the code actually loaded from?
+
+The release is read from the *loaded* package (``__version__``), not from
+installed-distribution metadata: the ``lightning_lite`` inside a
+pytorch-lightning 1.8 wheel and the ``lightning_fabric`` inside
+pytorch-lightning 1.9+ have no distribution of their own, and a ``PYTHONPATH``
+or vendored copy can shadow what pip installed. Metadata is used only to name
+the owning distribution in reports.
+"""
+import sys
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+_specifiers = {}
+
+
+def loaded_release(package):
+    """Release string of the loaded package governing ``package`` (or None).
+
+    ``package`` is a top-level name or a sub-package of the unified
+    ``lightning`` distribution (whose release is ``lightning.__version__``).
+    """
+    top = sys.modules.get(package.split(".")[0])
+    version = getattr(top, "__version__", None)
+    if isinstance(version, str) and version:
+        return version
+    about = getattr(top, "__about__", None)
+    version = getattr(about, "__version__", None)
+    return version if isinstance(version, str) and version else None
+
+
+def in_range(release, specifier):
+    """True when ``release`` (a string) is inside the PEP 440 ``specifier``."""
+    try:
+        version = Version(release)
+    except (InvalidVersion, TypeError):
+        return False
+    spec = _specifiers.get(specifier)
+    if spec is None:
+        spec = _specifiers[specifier] = SpecifierSet(specifier)
+    return spec.contains(version, prereleases=True)
+
+
+_owners = None
+
+
+def owning_distributions(top_level):
+    """Names and versions of installed distributions that ship ``top_level``.
+
+    Reads metadata (RECORD or top_level.txt); for reports only, cached.
+    """
+    global _owners
+    if _owners is None:
+        _owners = {}
+        try:
+            from importlib import metadata
+        except ImportError:  # pragma: no cover - Python < 3.8
+            return []
+        for dist in metadata.distributions():
+            tops = set()
+            try:
+                text = dist.read_text("top_level.txt")
+                if text:
+                    tops.update(line.strip() for line in text.splitlines() if line.strip())
+                for entry in dist.files or ():
+                    parts = str(entry).replace("\\", "/").split("/")
+                    if len(parts) > 1 and not parts[0].endswith((".dist-info", ".egg-info", ".data")):
+                        tops.add(parts[0])
+            except Exception:
+                continue
+            name = dist.metadata["Name"] if dist.metadata else None
+            for top in tops:
+                _owners.setdefault(top, []).append("%s %s" % (name, dist.version))
+    return sorted(set(_owners.get(top_level, [])))

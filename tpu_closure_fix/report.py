@@ -1,0 +1,120 @@
+"""status(): one record per known call site, computed from live objects."""
+import importlib.util
+import json
+import sys
+
+from . import engine
+from . import sites as _sites
+from .releases import loaded_release, owning_distributions
+
+FIELDS = ("distribution", "release", "module", "method", "verdict", "reason", "variant")
+
+
+def _installed(package):
+    top = package.split(".")[0]
+    if top in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _distribution(site_rows, package):
+    top = package.split(".")[0]
+    owners = owning_distributions(top) if top in sys.modules else []
+    if owners:
+        names = [owner.split(" ")[0] for owner in owners]
+        text = " | ".join(names)
+        if top != "lightning" and all(name.lower().replace("-", "_") != top for name in names):
+            text += " (vendored %s)" % top
+        return text
+    return site_rows[0].distribution
+
+
+def status(import_errors=None):
+    """List of dicts, one per (module, class.method) of the table.
+
+    Keys: distribution, release, module, method, verdict, reason, variant.
+    ``verdict`` is one of: patched, fixed upstream, not installed,
+    not imported yet, not in this release, disabled, skipped, failed.
+    """
+    records = []
+    import_errors = import_errors or {}
+    for key in _sites.site_keys():
+        module_name, qualname = key
+        rows = _sites.rows_for(module_name, qualname)
+        package = rows[0].package
+        if not _installed(package):
+            finding = engine.Finding(engine.NOT_INSTALLED, "", None, None, None)
+        elif module_name in import_errors:
+            finding = import_errors[module_name]
+        else:
+            finding = engine.examine(key)
+        verdict = finding.verdict
+        reason = finding.reason
+        if verdict == engine.PATCHABLE:  # guards passed but the hook has not run (e.g. module reloaded)
+            verdict, reason = engine.SKIPPED, "not patched yet (module re-imported after enable?)"
+        release = finding.release or (loaded_release(package) if verdict not in (engine.NOT_INSTALLED,) else None)
+        records.append({
+            "distribution": _distribution(rows, package) if verdict != engine.NOT_INSTALLED else rows[0].distribution,
+            "release": release,
+            "module": module_name,
+            "method": qualname,
+            "verdict": verdict,
+            "reason": reason,
+            "variant": finding.site.variant if finding.site else None,
+        })
+    return records
+
+
+def import_installed_sites():
+    """Import every call-site module whose package is installed; return {module: Finding} for failures.
+
+    A module missing from the installed release is ABSENT; any other import
+    error is FAILED with the error text.
+    """
+    failures = {}
+    for module_name in _sites.module_names():
+        package = _sites.rows_for(module_name)[0].package
+        if not _installed(package) or module_name in sys.modules:
+            continue
+        try:
+            importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+                failures[module_name] = engine.Finding(engine.ABSENT, "module not in this release", None,
+                                                       loaded_release(package), None)
+            else:
+                failures[module_name] = engine.Finding(engine.FAILED, "import failed: %s" % exc, None, None, None)
+        except Exception as exc:
+            failures[module_name] = engine.Finding(engine.FAILED, "import failed: %s: %s" % (type(exc).__name__, exc),
+                                                   None, None, None)
+    return failures
+
+
+def unprotected(records):
+    """Records where an installed, affected site runs Lightning's buggy code."""
+    return [r for r in records if r["verdict"] in engine.UNPROTECTED]
+
+
+def render_table(records, show_all=False):
+    rows = [r for r in records if show_all or r["verdict"] not in (engine.NOT_INSTALLED, engine.ABSENT)]
+    if not rows:
+        return "No Lightning TPU call site is installed in this environment (use --all to list every known site)."
+    header = ("distribution", "release", "site", "verdict")
+    table = [header]
+    for r in rows:
+        verdict = r["verdict"] + (" (%s)" % r["reason"] if r["reason"] else "")
+        table.append((r["distribution"] or "-", r["release"] or "-", "%s:%s" % (r["module"], r["method"]), verdict))
+    widths = [max(len(str(row[i])) for row in table[:]) for i in range(3)]
+    lines = []
+    for i, row in enumerate(table):
+        lines.append("  ".join(str(cell).ljust(widths[j]) for j, cell in enumerate(row[:3])) + "  " + row[3])
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 7)
+    return "\n".join(lines)
+
+
+def render_json(records):
+    return json.dumps(records, indent=2, sort_keys=True)
