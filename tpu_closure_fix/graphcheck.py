@@ -463,6 +463,30 @@ def _find_class(candidates: Sequence[Sequence[str]]) -> Any:
     return None
 
 
+def _disable_tpu_probe() -> List[str]:
+    """Lightning's TPU availability probe starts a process (pickling a decorated function); from
+    a replica thread that fails.  There is no TPU here: answer False without a probe."""
+    with _install_lock:
+        if "probe" in _installed:
+            return _installed["probe"]
+        done: List[str] = []
+        for mod in ("lightning_lite.accelerators.tpu", "lightning.lite.accelerators.tpu",
+                    "lightning_fabric.accelerators.tpu", "lightning.fabric.accelerators.tpu"):
+            try:
+                m = __import__(mod, fromlist=["_is_device_tpu"])
+            except Exception:  # noqa: BLE001
+                continue
+            if hasattr(m, "_is_device_tpu"):
+                m._is_device_tpu = lambda: False
+                acc = getattr(m, "TPUAccelerator", None)
+                cache_clear = getattr(getattr(acc, "is_available", None), "cache_clear", None)
+                if cache_clear is not None:
+                    cache_clear()
+                done.append(f"{mod}._is_device_tpu")
+        _installed["probe"] = done
+        return done
+
+
 def _make_net(torch: Any, device: Any, base: Any) -> Any:
     net = base()
     with torch.no_grad():
@@ -560,8 +584,12 @@ def _trace_trainer(ordinal: int) -> Dict[str, Any]:
     strategies = importlib.import_module(root + ".strategies")
     trainer_mod = importlib.import_module(root + ".trainer.trainer")
     strategy = strategies.SingleDeviceStrategy(device=device, precision_plugin=plugin)
-    route = []
+    route = _tls.route = []
     trainer = None
+    probe = _disable_tpu_probe()
+    if probe:
+        route.append("test-only: " + ", ".join(probe) + " -> False (the TPU probe spawns a process, which a "
+                     "replica thread cannot; the Trainer only uses it to pick defaults)")
     try:
         trainer = trainer_mod.Trainer(
             accelerator="cpu", devices=1, strategy=strategy, logger=False, enable_checkpointing=False,
@@ -712,7 +740,9 @@ def _replica_main(mode: str, paths: Sequence[str]) -> Dict[str, Any]:
         except Exception as exc:  # noqa: BLE001
             _tls.tracing = False
             out["paths"][path] = {"error": f"{type(exc).__name__}: {exc}",
-                                  "traceback": traceback.format_exc()[-3000:]}
+                                  "traceback": traceback.format_exc()[-3000:],
+                                  "route": list(getattr(_tls, "route", []) or [])}
+        _tls.route = None
     out["shim"] = _shim_status()
     return out
 

@@ -1,0 +1,284 @@
+"""Adapters over the installed Lightning release: one training API across 1.2 - 2.6.
+
+The tests drive the *real* Lightning code from the top: ``Trainer.fit`` with the
+TPU precision plugin, and the LightningLite / Lite / Fabric loop with
+``optimizer.step(closure)``. What differs between releases (constructor
+arguments, hook signatures, class names) is absorbed here, in one place.
+
+Where a release cannot run that way it goes lower, and says so:
+
+* pytorch-lightning 1.2-1.4: the buggy call lives in
+  ``TPUAccelerator.run_optimizer_step``, which the Trainer reaches only with a
+  real XLA device. The scenario calls that installed method directly with a
+  closure built like those releases' training loop (forward, zero_grad,
+  backward, clipping inside the closure) -- see :func:`_run_accelerator`.
+
+Only torch_xla is replaced (by the stand-in): :func:`bind_standin` binds it
+where Lightning would have bound torch_xla had it been importable, and sets
+the call-site modules' ``_XLA_AVAILABLE`` so their constructors accept it.
+"""
+import importlib
+import sys
+
+from packaging.version import Version
+
+pl = None        # pytorch_lightning or lightning.pytorch, when installed
+lite = None      # (kind, module) for LightningLite / lightning_lite / lightning_fabric / lightning.fabric
+PL_RELEASE = None
+
+
+def _try(name):
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def import_lightning():
+    """Import whatever Lightning the target provides (before the stand-in is installed)."""
+    global pl, lite, PL_RELEASE
+    pl = _try("pytorch_lightning") or _try("lightning.pytorch")
+    if pl is not None:
+        top = sys.modules[pl.__name__.split(".")[0]]
+        PL_RELEASE = Version(top.__version__)
+    for kind, name in (("fabric", "lightning_fabric"), ("fabric", "lightning.fabric"), ("lite", "lightning_lite"),
+                       ("lite", "lightning.lite")):
+        module = _try(name)
+        if module is not None:
+            lite = (kind, module)
+            break
+    else:
+        if pl is not None and PL_RELEASE is not None and Version("1.5") <= PL_RELEASE < Version("1.8"):
+            lite = ("pl-lite", importlib.import_module(pl.__name__ + ".lite"))
+    return pl, lite
+
+
+def describe():
+    out = {}
+    if pl is not None:
+        out["trainer"] = "%s %s" % (pl.__name__, PL_RELEASE)
+    if lite is not None:
+        top = sys.modules[lite[1].__name__.split(".")[0]]
+        out["lite"] = "%s %s (%s)" % (lite[1].__name__, getattr(top, "__version__", "?"), lite[0])
+    return out
+
+
+def release_of(module):
+    top = sys.modules[module.__name__.split(".")[0]]
+    return Version(top.__version__)
+
+
+# --------------------------------------------------------------------------- call-site modules
+def trainer_precision_module():
+    """(module, class name, bf16 module, bf16 class name) of the Trainer's TPU precision plugin."""
+    if PL_RELEASE < Version("1.5"):
+        return importlib.import_module(pl.__name__ + ".accelerators.tpu"), "TPUAccelerator", None, None
+    if PL_RELEASE < Version("2.1"):
+        return (importlib.import_module(pl.__name__ + ".plugins.precision.tpu"), "TPUPrecisionPlugin",
+                importlib.import_module(pl.__name__ + ".plugins.precision.tpu_bf16"), "TPUBf16PrecisionPlugin")
+    module = importlib.import_module(pl.__name__ + ".plugins.precision.xla")
+    name = "XLAPrecisionPlugin" if hasattr(module, "XLAPrecisionPlugin") else "XLAPrecision"
+    return module, name, None, None
+
+
+def lite_precision_module():
+    kind, module = lite
+    if kind == "pl-lite":
+        return trainer_precision_module()
+    base = module.__name__
+    if release_of(module) >= Version("2.1"):
+        return importlib.import_module(base + ".plugins.precision.xla"), "XLAPrecision", None, None
+    return (importlib.import_module(base + ".plugins.precision.tpu"), "TPUPrecision",
+            importlib.import_module(base + ".plugins.precision.tpu_bf16"), "TPUBf16Precision")
+
+
+def _call_site_modules():
+    mods = []
+    if pl is not None:
+        mods.extend(m for m in trainer_precision_module()[::2] if m is not None)
+    if lite is not None:
+        mods.extend(m for m in lite_precision_module()[::2] if m is not None)
+    return mods
+
+
+def bind_standin(xm):
+    """Put the stand-in where Lightning binds torch_xla (module-level ``xm``) and say XLA is available."""
+    for module in _call_site_modules():
+        module.xm = xm
+        module._XLA_AVAILABLE = True
+
+
+def make_precision(api_name, bf16=False):
+    module, name, bf16_module, bf16_name = (trainer_precision_module() if api_name == "trainer"
+                                            else lite_precision_module())
+    if bf16:
+        if bf16_module is None:
+            raise ValueError("no bf16 TPU precision class in this release")
+        return getattr(bf16_module, bf16_name)()
+    cls = getattr(module, name)
+    if name == "XLAPrecision" or name == "XLAPrecisionPlugin":
+        return cls("32-true")
+    return cls()
+
+
+# --------------------------------------------------------------------------- Trainer
+def _module_class(scenario, harness):
+    from support import xla_standin as xm
+
+    two = bool(scenario.get("two_optimizers"))
+    manual = bool(scenario.get("manual"))
+
+    class ScenarioModule(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            layers = harness.make_layers(scenario)
+            self.layer0, self.layer1 = layers
+            if manual:
+                self.automatic_optimization = False
+
+        def forward(self, x):
+            return self.layer1(__import__("torch").tanh(self.layer0(x)))
+
+        def training_step(self, batch, batch_idx, *optimizer_idx):
+            xm.record("forward")
+            x, y = batch
+            loss = harness.loss_fn([self.layer0, self.layer1], x, y)
+            if manual:
+                opt = self.optimizers()
+                opt.zero_grad()
+                self.manual_backward(loss)
+                opt.step()
+                return None
+            if scenario.get("return_none"):
+                return None
+            return loss
+
+        def optimizer_zero_grad(self, *args, **kwargs):
+            xm.record("zero_grad")
+            return super().optimizer_zero_grad(*args, **kwargs)
+
+        def on_after_backward(self):
+            xm.record("backward")
+
+        def on_before_optimizer_step(self, *args, **kwargs):
+            grads = [p.grad for p in self.parameters() if p.grad is not None]
+            xm.record("before_optimizer_step", grads=len(grads))
+
+        def configure_optimizers(self):
+            groups = ([list(self.layer0.parameters()), list(self.layer1.parameters())] if two
+                      else [list(self.parameters())])
+            opts = [harness.make_optimizer(scenario["optimizer"], g) for g in groups]
+            for opt in opts:
+                opt.register_step_post_hook(lambda *a: xm.record("step"))
+            return opts if two else opts[0]
+
+    return ScenarioModule
+
+
+def run_trainer(scenario, rank, world, harness):
+    """Train ``scenario["steps"]`` optimizer steps with Trainer.fit; return params after each step."""
+    import torch
+
+    if PL_RELEASE < Version("1.5"):
+        return _run_accelerator(scenario, rank, world, harness)
+    model = _module_class(scenario, harness)()
+    data = harness.batches(rank, scenario["steps"], scenario.get("accumulate", 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=None, shuffle=False)
+    trajectory = []
+
+    accumulate = scenario.get("accumulate", 1)
+
+    class Snapshot(pl.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx, *rest):
+            if (batch_idx + 1) % accumulate == 0:
+                trajectory.append(harness.flat(list(module.parameters())))
+
+    # One epoch over exactly steps x accumulate batches: no max_steps, whose meaning changed across releases.
+    kwargs = dict(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                  plugins=[make_precision("trainer", bf16=scenario.get("bf16", False))], callbacks=[Snapshot()])
+    if scenario.get("clip"):
+        kwargs["gradient_clip_val"] = scenario["clip"]
+    if scenario.get("accumulate", 1) > 1:
+        kwargs["accumulate_grad_batches"] = scenario["accumulate"]
+    trainer = pl.Trainer(**kwargs)
+    trainer.fit(model, train_dataloaders=loader)
+    return trajectory
+
+
+def _run_accelerator(scenario, rank, world, harness):
+    """PL 1.2-1.4: call the installed TPUAccelerator.run_optimizer_step (see module docstring)."""
+    import torch
+    from support import xla_standin as xm
+
+    module = importlib.import_module(pl.__name__ + ".accelerators.tpu")
+    accelerator = module.TPUAccelerator.__new__(module.TPUAccelerator)
+    layers = harness.make_layers(scenario)
+    params = [p for layer in layers for p in layer.parameters()]
+    opt = harness.make_optimizer(scenario["optimizer"], params)
+    opt.register_step_post_hook(lambda *a: xm.record("step"))
+    data = harness.batches(rank, scenario["steps"], 1)
+    trajectory = []
+    for x, y in data:
+        def closure(x=x, y=y):
+            xm.record("forward")
+            loss = harness.loss_fn(layers, x, y)
+            xm.record("zero_grad")
+            opt.zero_grad()
+            loss.backward()
+            xm.record("backward")
+            if scenario.get("clip"):
+                torch.nn.utils.clip_grad_norm_(params, scenario["clip"])
+            return loss.detach()
+
+        accelerator.run_optimizer_step(opt, 0, closure)
+        trajectory.append(harness.flat(params))
+    return trajectory
+
+
+# --------------------------------------------------------------------------- Lite / Fabric
+def run_lite(scenario, rank, world, harness):
+    """Lite/Fabric loop: ``optimizer.step(closure)`` (or backward then ``optimizer.step()``)."""
+    import torch
+    from support import xla_standin as xm
+
+    kind, module = lite
+    precision = make_precision("lite", bf16=scenario.get("bf16", False))
+    trajectory = []
+    use_closure = scenario.get("closure", True)
+
+    def loop(runner):
+        layers = harness.make_layers(scenario)
+        model = torch.nn.Sequential(layers[0], torch.nn.Tanh(), layers[1])
+        opt = harness.make_optimizer(scenario["optimizer"], model.parameters())
+        opt.register_step_post_hook(lambda *a: xm.record("step"))
+        model, opt = runner.setup(model, opt)
+        for x, y in harness.batches(rank, scenario["steps"], 1):
+            def closure(x=x, y=y):
+                xm.record("zero_grad")
+                opt.zero_grad()
+                xm.record("forward")
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                runner.backward(loss)
+                xm.record("backward")
+                return loss
+
+            if use_closure:
+                opt.step(closure)
+            else:
+                closure()
+                opt.step()
+            trajectory.append(harness.flat(list(model.parameters())))
+
+    if kind == "fabric":
+        fabric = module.Fabric(accelerator="cpu", devices=1, plugins=[precision])
+        loop(fabric)
+    else:
+        base = module.LightningLite
+
+        class Runner(base):
+            def run(self):
+                loop(self)
+
+        Runner(accelerator="cpu", devices=1, plugins=[precision]).run()
+    return trajectory

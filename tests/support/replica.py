@@ -1,0 +1,191 @@
+"""One simulated TPU replica: runs training scenarios through the installed Lightning.
+
+Run as a process (``python -m support.replica ...`` with ``tests`` on sys.path),
+one per replica, joined by ``torch.distributed`` over gloo. Only torch_xla is
+replaced, by :mod:`support.xla_standin`, whose ``reduce_gradients`` averages
+gradients across the replica processes exactly as torch_xla does when the world
+size is > 1. Everything else -- the Trainer, its loops and closures, the TPU
+precision plugin, Lite/Fabric and their optimizer wrappers -- is the installed,
+released Lightning code.
+
+Whether the shim is active follows the environment, as for a user:
+the process imports ``tpu_closure_fix`` and ``TPU_CLOSURE_FIX`` decides.
+
+For each scenario it writes (JSON): the stand-in's event log, the flattened
+parameters after every optimizer step, and (rank 0) the plain-PyTorch
+reference trajectory computed from all replicas' data shards.
+"""
+import argparse
+import json
+import os
+import sys
+import warnings
+
+warnings.simplefilter("ignore")
+
+import torch  # noqa: E402
+
+from support import lightning_api as api  # noqa: E402
+from support import xla_standin as xm  # noqa: E402
+
+IN_FEATURES = 4
+OUT_FEATURES = 2
+BATCH = 4
+
+
+# --------------------------------------------------------------------------- data
+def shard(rank, steps, accumulate):
+    """Replica ``rank``'s batches: different data on every replica."""
+    gen = torch.Generator().manual_seed(1000 + rank)
+    count = steps * accumulate
+    x = torch.randn(count * BATCH, IN_FEATURES, generator=gen)
+    y = torch.randn(count * BATCH, OUT_FEATURES, generator=gen)
+    return x, y
+
+
+def batches(rank, steps, accumulate):
+    x, y = shard(rank, steps, accumulate)
+    return [(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, len(x), BATCH)]
+
+
+def make_layers(scenario):
+    torch.manual_seed(7)
+    layers = [torch.nn.Linear(IN_FEATURES, 8), torch.nn.Linear(8, OUT_FEATURES)]
+    return layers
+
+
+def loss_fn(layers, x, y):
+    return torch.nn.functional.mse_loss(layers[1](torch.tanh(layers[0](x))), y)
+
+
+def make_optimizer(name, params):
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=0.01)
+    if name == "lbfgs":
+        return torch.optim.LBFGS(params, lr=0.1, max_iter=3, history_size=4)
+    raise ValueError("optimizer must be one of sgd, adam, lbfgs; got %r" % (name,))
+
+
+def flat(params):
+    return torch.cat([p.detach().reshape(-1) for p in params]).tolist()
+
+
+# --------------------------------------------------------------------------- reference
+def reference(scenario, world):
+    """Plain PyTorch: forward, zero_grad, backward per replica; mean all-reduce; clip; step."""
+    steps, acc = scenario["steps"], scenario.get("accumulate", 1)
+    data = [batches(r, steps, acc) for r in range(world)]
+    layers = make_layers(scenario)
+    params = [p for layer in layers for p in layer.parameters()]
+    groups = [params] if not scenario.get("two_optimizers") else [list(layers[0].parameters()),
+                                                                  list(layers[1].parameters())]
+    opts = [make_optimizer(scenario["optimizer"], g) for g in groups]
+    trajectory = []
+
+    def replica_grads(opt_params, batch_list, scale):
+        """Gradients of ``opt_params`` summed over the micro-batches (others frozen, like Lightning's
+        optimizer toggle), and the last micro-batch's loss."""
+        summed, loss = None, None
+        frozen = [p for p in params if all(p is not q for q in opt_params)]
+        for x, y in batch_list:
+            for p in frozen:
+                p.requires_grad_(False)
+            loss = loss_fn(layers, x, y) * scale
+            grads = torch.autograd.grad(loss, opt_params)
+            for p in frozen:
+                p.requires_grad_(True)
+            summed = list(grads) if summed is None else [a + b for a, b in zip(summed, grads)]
+        return summed, loss.detach()
+
+    for step in range(steps):
+        for opt, opt_params in zip(opts, groups):
+            def closure(opt_params=opt_params):
+                per_replica, losses = [], []
+                for r in range(world):
+                    chunk = data[r][step * acc:(step + 1) * acc]
+                    grads, loss = replica_grads(opt_params, chunk, 1.0 / acc if acc > 1 else 1.0)
+                    per_replica.append(grads)
+                    losses.append(loss)
+                total = per_replica[0]
+                for other in per_replica[1:]:
+                    total = [a + b for a, b in zip(total, other)]
+                for p, g in zip(opt_params, total):
+                    p.grad = g * (1.0 / world) if world > 1 else g
+                if scenario.get("clip"):
+                    torch.nn.utils.clip_grad_norm_(opt_params, scenario["clip"])
+                return losses[0]
+
+            opt.step(closure)
+        trajectory.append(flat(params))
+    return trajectory
+
+
+# --------------------------------------------------------------------------- run
+def run_scenario(scenario, rank, world):
+    xm.clear()
+    if scenario["api"] == "trainer":
+        params = api.run_trainer(scenario, rank, world, sys.modules[__name__])
+    else:
+        params = api.run_lite(scenario, rank, world, sys.modules[__name__])
+    return {"events": [[name, info] for name, info in xm.events], "params": params}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--world", type=int, default=1)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--scenarios", required=True, help="JSON list of scenarios")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    scenarios = json.loads(args.scenarios)
+
+    if args.world > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=args.rank,
+                                world_size=args.world)
+
+        def collective(tensors):
+            for t in tensors:
+                dist.all_reduce(t, op=dist.ReduceOp.SUM)
+                t.mul_(1.0 / args.world)
+
+        def all_reduce(reduce_type, inputs, scale):
+            op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[reduce_type]
+            tensors = inputs if isinstance(inputs, list) else [inputs]
+            for t in tensors:
+                dist.all_reduce(t, op=op)
+                if scale != 1.0:
+                    t.mul_(scale)
+            return inputs
+
+        xm.configure(args.world, args.rank, collective, all_reduce)
+    else:
+        xm.configure(1, 0)
+
+    api.import_lightning()  # Lightning first, as a user's script would ...
+    xm.install()            # ... then the stand-in takes torch_xla's place
+    api.bind_standin(xm)
+    import tpu_closure_fix  # noqa: F401  (TPU_CLOSURE_FIX decides, as for a user)
+
+    results = {"shim": tpu_closure_fix.is_enabled(), "lightning": api.describe(), "scenarios": {}}
+    for scenario in scenarios:
+        entry = run_scenario(scenario, args.rank, args.world)
+        if args.rank == 0:
+            entry["reference"] = reference(scenario, args.world)
+        results["scenarios"][scenario["name"]] = entry
+    with open(args.out, "w") as handle:
+        json.dump(results, handle)
+    if args.world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

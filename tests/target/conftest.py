@@ -1,0 +1,76 @@
+"""Fixtures for tests that run against one installed Lightning target.
+
+The matrix runner (scripts/matrix.py) runs ``pytest tests/target`` once per
+target with the target's folder on PYTHONPATH and TPU_CLOSURE_FIX_TARGET set to
+its name. Without that variable these tests are not collected (they need a
+Lightning release); with it, a target that does not import is a failure.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
+REPO = os.path.dirname(TESTS)
+TARGET = os.environ.get("TPU_CLOSURE_FIX_TARGET")
+REPLICAS = 2
+TIMEOUT = 600
+
+
+def pytest_ignore_collect(collection_path, config):
+    return not TARGET
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def child_env(shim, extra=None):
+    env = dict(os.environ)
+    env["TPU_CLOSURE_FIX"] = "1" if shim else "0"
+    paths = [REPO, TESTS] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.update(extra or {})
+    return env
+
+
+def run_replicas(scenarios, shim, tmp_path, world=REPLICAS):
+    """Run ``world`` replica processes (support.replica) and return rank -> result JSON."""
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        out = tmp_path / ("shim%d-rank%d.json" % (int(shim), rank))
+        cmd = [sys.executable, "-m", "support.replica", "--rank", str(rank), "--world", str(world),
+               "--port", str(port), "--scenarios", json.dumps(scenarios), "--out", str(out)]
+        log = open(str(out) + ".log", "w")
+        procs.append((subprocess.Popen(cmd, env=child_env(shim), stdout=log, stderr=subprocess.STDOUT, cwd=TESTS),
+                      out, log))
+    results = {}
+    try:
+        for rank, (proc, out, log) in enumerate(procs):
+            code = proc.wait(timeout=TIMEOUT)
+            log.close()
+            if code != 0:
+                with open(str(out) + ".log") as handle:
+                    tail = handle.read()[-4000:]
+                raise AssertionError("replica %d (shim=%s) exited %d:\n%s" % (rank, shim, code, tail))
+            with open(str(out)) as handle:
+                results[rank] = json.load(handle)
+    finally:
+        for proc, _, log in procs:
+            if proc.poll() is None:
+                proc.kill()
+            log.close()
+    return results
+
+
+@pytest.fixture(scope="session")
+def target():
+    assert TARGET, "TPU_CLOSURE_FIX_TARGET is not set"
+    return TARGET
