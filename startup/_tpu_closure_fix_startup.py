@@ -28,6 +28,24 @@ LIGHTNING_PACKAGES = frozenset(("pytorch_lightning", "lightning", "lightning_lit
 OFF_VALUES = frozenset(("0", "false", "off", "no"))
 
 
+def _activate(stacklevel=3):
+    """Import tpu_closure_fix (importing it enables the shim); never raise."""
+    try:
+        import tpu_closure_fix  # noqa: F401
+    except Exception as exc:  # never break the user's program
+        try:
+            import warnings
+
+            warnings.warn(
+                "tpu-closure-fix could not activate (%s: %s); Lightning runs unpatched."
+                % (type(exc).__name__, exc),
+                RuntimeWarning,
+                stacklevel=stacklevel,
+            )
+        except Exception:
+            pass
+
+
 class LightningImportWatcher(object):
     """Meta-path finder that activates tpu_closure_fix on the first Lightning import.
 
@@ -38,24 +56,22 @@ class LightningImportWatcher(object):
     """
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in LIGHTNING_PACKAGES:
-            return None
-        uninstall()
-        try:
-            import tpu_closure_fix  # noqa: F401  (importing it enables the shim)
-        except Exception as exc:  # never break the user's program
-            try:
-                import warnings
-
-                warnings.warn(
-                    "tpu-closure-fix could not activate (%s: %s); Lightning runs unpatched."
-                    % (type(exc).__name__, exc),
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-            except Exception:
-                pass
+        if fullname in LIGHTNING_PACKAGES:
+            uninstall()
+            _activate()
         return None
+
+
+def on_lightning_import(module):
+    """Entry-point hook (group ``tpu_closure_fix``) for wrapt/autowrapt.
+
+    Lives here, not in the package, because wrapt 2's
+    ``discover_post_import_hooks`` loads entry points at interpreter start:
+    pointing it at this module keeps start-up free of wrapt-hook work and of the
+    package until a Lightning package is actually imported.
+    """
+    if not _disabled_by_environment():
+        _activate()
 
 
 def _disabled_by_environment():
@@ -73,7 +89,7 @@ def install():
             return
     if any(name in sys.modules for name in LIGHTNING_PACKAGES):
         # Lightning is already imported (e.g. install() called late): activate now.
-        LightningImportWatcher().find_spec(next(n for n in LIGHTNING_PACKAGES if n in sys.modules))
+        _activate()
         return
     sys.meta_path.insert(0, LightningImportWatcher())
 

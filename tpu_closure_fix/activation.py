@@ -2,7 +2,7 @@
 
 ``import tpu_closure_fix``, the .pth/.start startup hook, sitecustomize,
 PYTHONSTARTUP, the ``tpu_closure_fix`` entry-point group (wrapt's
-``discover_post_import_hooks`` / autowrapt) and ``tpu-closure-fix run`` all end
+``discover_post_import_hooks`` / autowrapt; its hook lives in the startup module) and ``tpu-closure-fix run`` all end
 in :func:`activate`, which asks ``TPU_CLOSURE_FIX`` and enables the engine.
 """
 import os
@@ -17,18 +17,3 @@ def activate():
         engine.set_disabled_reason("%s=%s" % (ENV_VAR, os.environ.get(ENV_VAR)))
         return False
     return engine.enable()
-
-
-def on_lightning_import(module):
-    """Entry-point hook (group ``tpu_closure_fix``): called with the imported Lightning package.
-
-    Importing the package already ran :func:`activate`; calling it again is a
-    no-op when enabled. Never raises: an exception here would fail the import.
-    """
-    try:
-        activate()
-    except Exception as exc:  # pragma: no cover - defensive
-        try:
-            engine._warn_once("entry-point", "tpu-closure-fix could not activate: %s" % exc)
-        except Exception:
-            pass
