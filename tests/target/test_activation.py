@@ -1,0 +1,266 @@
+"""Issue #2: every activation mode, each in a fresh subprocess against the real target.
+
+Modes: ``import tpu_closure_fix`` before and after Lightning; the .pth startup
+file from a real (non-editable) wheel install into a fresh venv; autowrapt's
+entry point (``AUTOWRAPT_BOOTSTRAP=tpu_closure_fix``); ``sitecustomize_example``;
+PYTHONSTARTUP; and the values of ``TPU_CLOSURE_FIX``. Each "patched" check has
+its twin where the same mode is switched off and the site stays unpatched.
+
+The fresh venv sees torch through a path line appended *after* its own
+site-packages (so its own wheel install of tpu-closure-fix and wrapt wins), and
+the target's Lightning through PYTHONPATH, as a user's --target install would.
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+
+import pytest
+
+from conftest import REPO
+
+PROBE = textwrap.dedent(
+    """
+    import json, sys, warnings
+    warnings.simplefilter("ignore", DeprecationWarning)
+    before = sorted(m for m in ("tpu_closure_fix", "wrapt") if m in sys.modules)
+    import importlib
+    from support_sites import import_all
+    patched = import_all()
+    print(json.dumps({"before": before, "patched": patched}))
+    """
+)
+
+# Imports every installed call-site module and reports, per class attribute, the wrapper depth.
+SUPPORT_SITES = textwrap.dedent(
+    """
+    import importlib, sys
+
+    MODULES = %r
+
+    def depth(obj):
+        import wrapt
+
+        n = 0
+        while isinstance(obj, wrapt.FunctionWrapper):
+            n += 1
+            obj = obj.__wrapped__
+        return n
+
+    def import_all():
+        out = {}
+        for module_name, qualname in MODULES:
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:
+                continue
+            cls_name, attr = qualname.rsplit(".", 1)
+            cls = getattr(module, cls_name, None)
+            if cls is None or attr not in vars(cls):
+                continue
+            out[module_name + ":" + qualname] = depth(vars(cls)[attr])
+        return out
+    """
+)
+
+
+def _site_list():
+    sys.path.insert(0, REPO)
+    from tpu_closure_fix import sites
+
+    return [(s.module, s.qualname) for s in sites.CALL_SITES if s.fix is not None]
+
+
+@pytest.fixture(scope="session")
+def probe_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("probe")
+    (d / "support_sites.py").write_text(SUPPORT_SITES % (_site_list(),))
+    (d / "probe.py").write_text(PROBE)
+    return d
+
+
+def _target_path():
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != REPO]
+
+
+def run_probe(python, probe_dir, env_extra=None, pythonpath_extra=(), args=None, drop_env=()):
+    env = {k: v for k, v in os.environ.items() if k not in ("TPU_CLOSURE_FIX",) + tuple(drop_env)}
+    env["PYTHONPATH"] = os.pathsep.join(list(pythonpath_extra) + [str(probe_dir)] + _target_path())
+    env.update(env_extra or {})
+    proc = subprocess.run([python] + (args or [str(probe_dir / "probe.py")]), env=env, capture_output=True,
+                          text=True, timeout=300, cwd=str(probe_dir))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc
+
+
+def assert_patched(result):
+    assert result["patched"], "no affected call site found in this target"
+    assert set(result["patched"].values()) == {1}, result["patched"]
+
+
+def assert_unpatched(result):
+    assert result["patched"], "no affected call site found in this target"
+    assert set(result["patched"].values()) == {0}, result["patched"]
+
+
+# --------------------------------------------------------------------------- plain import
+def test_import_after_lightning(probe_dir):
+    code = "import sys; sys.argv=['x']; import support_sites as s, json; r = s.import_all(); " \
+           "import tpu_closure_fix; print(json.dumps({'before': [], 'patched': s.import_all()}))"
+    result, _ = run_probe(sys.executable, probe_dir, pythonpath_extra=[REPO], args=["-c", code])
+    assert_patched(result)
+
+
+def test_import_before_lightning(probe_dir):
+    code = "import tpu_closure_fix, support_sites as s, json; print(json.dumps({'before': [], " \
+           "'patched': s.import_all()}))"
+    result, _ = run_probe(sys.executable, probe_dir, pythonpath_extra=[REPO], args=["-c", code])
+    assert_patched(result)
+
+
+def test_import_with_switch_off_twin(probe_dir):
+    code = "import tpu_closure_fix, support_sites as s, json; print(json.dumps({'before': [], " \
+           "'patched': s.import_all()}))"
+    result, _ = run_probe(sys.executable, probe_dir, env_extra={"TPU_CLOSURE_FIX": "0"}, pythonpath_extra=[REPO],
+                          args=["-c", code])
+    assert_unpatched(result)
+
+
+# --------------------------------------------------------------------------- wheel + fresh venv
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), REPO], check=True,
+                   timeout=600)
+    (built,) = glob.glob(str(out / "tpu_closure_fix-*.whl"))
+    return built
+
+
+def _fresh_venv(root, wheel, extra=()):
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
+    python = str(root / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", wheel, "wrapt", "packaging"] + list(extra),
+                   check=True, timeout=600)
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    # torch (and the rest of the base venv) *after* the fresh venv's own packages:
+    with open(os.path.join(site, "zz_base_venv.pth"), "w") as handle:
+        handle.write(sysconfig.get_paths()["purelib"] + "\n")
+    return python, site
+
+
+@pytest.fixture(scope="session")
+def pth_venv(tmp_path_factory, wheel):
+    return _fresh_venv(tmp_path_factory.mktemp("pth") / "venv", wheel)
+
+
+@pytest.fixture(scope="session")
+def bare_venv(tmp_path_factory, wheel):
+    """The wheel and autowrapt installed, then the .pth/.start removed: only the other modes can act."""
+    python, site = _fresh_venv(tmp_path_factory.mktemp("bare") / "venv", wheel, extra=["autowrapt"])
+    for name in ("tpu_closure_fix.pth", "tpu_closure_fix.start"):
+        os.remove(os.path.join(site, name))
+    return python, site
+
+
+def test_wheel_ships_startup_files(pth_venv):
+    _, site = pth_venv
+    with open(os.path.join(site, "tpu_closure_fix.pth")) as handle:
+        assert handle.read().startswith("import _tpu_closure_fix_startup")
+    with open(os.path.join(site, "tpu_closure_fix.start")) as handle:
+        assert handle.read().strip() == "_tpu_closure_fix_startup:install"
+
+
+def test_pth_auto_enable(pth_venv, probe_dir):
+    python, _ = pth_venv
+    result, proc = run_probe(python, probe_dir)
+    assert result["before"] == [], "nothing of the shim may load before Lightning is imported"
+    assert_patched(result)
+
+
+def test_pth_switch_off_twin(pth_venv, probe_dir):
+    python, _ = pth_venv
+    result, _ = run_probe(python, probe_dir, env_extra={"TPU_CLOSURE_FIX": "off"})
+    assert_unpatched(result)
+
+
+def test_pth_idle_interpreter_pays_nothing(pth_venv, probe_dir):
+    python, _ = pth_venv
+    code = "import sys; print(sorted(m for m in sys.modules if m.startswith(('tpu_closure_fix', 'wrapt', 'torch', " \
+           "'pytorch_lightning', 'lightning'))))"
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "[]"
+    silent = subprocess.run([python, "-c", "pass"], capture_output=True, text=True, timeout=60)
+    assert silent.stdout == "" and silent.stderr == ""
+
+
+def test_pth_plus_import_one_layer(pth_venv, probe_dir):
+    python, _ = pth_venv
+    code = "import support_sites as s, json; r = s.import_all(); import tpu_closure_fix; " \
+           "tpu_closure_fix.enable(); tpu_closure_fix.enable(); print(json.dumps({'before': [], 'patched': s.import_all()}))"
+    result, _ = run_probe(python, probe_dir, args=["-c", code])
+    assert_patched(result)
+
+
+def test_autowrapt_entry_point(bare_venv, probe_dir):
+    python, _ = bare_venv
+    result, _ = run_probe(python, probe_dir, env_extra={"AUTOWRAPT_BOOTSTRAP": "tpu_closure_fix"})
+    assert_patched(result)
+
+
+def test_autowrapt_twins(bare_venv, probe_dir):
+    python, _ = bare_venv
+    result, _ = run_probe(python, probe_dir, drop_env=("AUTOWRAPT_BOOTSTRAP",))
+    assert_unpatched(result)  # no .pth, no bootstrap variable: nothing activates
+    result, _ = run_probe(python, probe_dir, env_extra={"AUTOWRAPT_BOOTSTRAP": "tpu_closure_fix",
+                                                        "TPU_CLOSURE_FIX": "0"})
+    assert_unpatched(result)
+
+
+def test_sitecustomize_example(bare_venv, probe_dir):
+    python, _ = bare_venv
+    example = os.path.join(REPO, "sitecustomize_example")
+    result, proc = run_probe(python, probe_dir, pythonpath_extra=[example], drop_env=("AUTOWRAPT_BOOTSTRAP",))
+    assert result["before"] == []
+    assert_patched(result)
+    result, _ = run_probe(python, probe_dir, pythonpath_extra=[example], env_extra={"TPU_CLOSURE_FIX": "No"},
+                          drop_env=("AUTOWRAPT_BOOTSTRAP",))
+    assert_unpatched(result)
+
+
+def test_pythonstartup_interactive_only(bare_venv, probe_dir):
+    python, _ = bare_venv
+    startup = os.path.join(REPO, "sitecustomize_example", "sitecustomize.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("TPU_CLOSURE_FIX", "AUTOWRAPT_BOOTSTRAP")}
+    env["PYTHONPATH"] = os.pathsep.join([str(probe_dir)] + _target_path())
+    env["PYTHONSTARTUP"] = startup
+    session = "import support_sites as s, json\nprint('RESULT', json.dumps(s.import_all()))\n"
+    proc = subprocess.run([python, "-i", "-q"], input=session, env=env, capture_output=True, text=True, timeout=300)
+    line = next(l for l in proc.stdout.splitlines() if "RESULT" in l)
+    depths = json.loads(line.split("RESULT", 1)[1])
+    assert depths and set(depths.values()) == {1}, depths
+    # ... and a script run in the same environment is not touched by PYTHONSTARTUP.
+    result, _ = run_probe(python, probe_dir, env_extra={"PYTHONSTARTUP": startup}, drop_env=("AUTOWRAPT_BOOTSTRAP",))
+    assert_unpatched(result)
+
+
+# Every accepted spelling is checked in-process by tests/unit/test_config.py; here one of each kind,
+# end to end through the .pth auto-enable.
+@pytest.mark.parametrize("value,expect_patched,expect_warning", [
+    (None, True, False), ("Yes", True, False), ("OFF", False, False), ("maybe", True, True),
+])
+def test_switch_values(pth_venv, probe_dir, value, expect_patched, expect_warning):
+    python, _ = pth_venv
+    extra = {} if value is None else {"TPU_CLOSURE_FIX": value}
+    code = "import warnings; warnings.simplefilter('always'); exec(open('probe.py').read())"
+    result, proc = run_probe(python, probe_dir, env_extra=extra, args=["-c", code])
+    (assert_patched if expect_patched else assert_unpatched)(result)
+    warnings_seen = [l for l in proc.stderr.splitlines() if "TPUClosureFixWarning" in l]
+    if expect_warning:
+        assert len(warnings_seen) == 1, proc.stderr
+        assert "TPU_CLOSURE_FIX" in warnings_seen[0] and "0/false/off/no" in warnings_seen[0]
+    else:
+        assert warnings_seen == [], proc.stderr
