@@ -1,0 +1,138 @@
+"""Issue #2: idempotency, exact restore on disable(), status() content and the CLI's exit codes.
+
+Each check runs in a fresh interpreter against the real target release.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from conftest import REPO, TARGET, TESTS, child_env
+from support import expectations
+
+LIFECYCLE = textwrap.dedent(
+    """
+    import importlib, json, sys, warnings
+    warnings.simplefilter("ignore")
+    import wrapt
+    SITES = %r  # (module, qualname) of every row with a fix: passed in, importing the package would enable it
+
+    def depth(obj):
+        n = 0
+        while isinstance(obj, wrapt.FunctionWrapper):
+            n += 1
+            obj = obj.__wrapped__
+        return n
+
+    originals = {}
+    for module_name, qualname in SITES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        cls_name, attr = qualname.rsplit(".", 1)
+        cls = getattr(module, cls_name, None)
+        if cls is not None and attr in vars(cls):
+            originals[(module_name, qualname)] = (cls, attr, vars(cls)[attr])
+
+    def snapshot():
+        out = {}
+        for (module, qualname), (cls, attr, original) in originals.items():
+            current = vars(cls)[attr]
+            inner = current
+            while isinstance(inner, wrapt.FunctionWrapper):
+                inner = inner.__wrapped__
+            out[module + ":" + qualname] = {"depth": depth(current), "is_original": current is original,
+                                           "wraps_original": inner is original}
+        return out
+
+    log = {"before": snapshot()}
+    import tpu_closure_fix
+    log["import"] = snapshot()
+    import tpu_closure_fix
+    tpu_closure_fix.enable(); tpu_closure_fix.enable()
+    log["enable_twice"] = snapshot()
+    importlib.reload(tpu_closure_fix)
+    log["reload_package"] = snapshot()
+    tpu_closure_fix.disable()
+    log["disable"] = snapshot()
+    tpu_closure_fix.disable()
+    log["disable_twice"] = snapshot()
+    tpu_closure_fix.enable()
+    log["enable_again"] = snapshot()
+    log["status"] = tpu_closure_fix.status()
+    print(json.dumps(log))
+    """
+)
+
+
+def run(code, shim=True, args=None):
+    proc = subprocess.run([sys.executable] + (args or ["-c", code]), env=child_env(shim), capture_output=True,
+                          text=True, timeout=300, cwd=TESTS)
+    return proc
+
+
+def lifecycle():
+    from tpu_closure_fix import sites
+
+    proc = run(LIFECYCLE % ([(s.module, s.qualname) for s in sites.CALL_SITES if s.fix is not None],))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_lifecycle_one_layer_and_exact_restore():
+    log = lifecycle()
+    assert log["before"], "the target has no affected call site?"
+    for stage in ("before", "disable", "disable_twice"):
+        for site, info in log[stage].items():
+            assert info == {"depth": 0, "is_original": True, "wraps_original": True}, (stage, site, info)
+    for stage in ("import", "enable_twice", "reload_package", "enable_again"):
+        for site, info in log[stage].items():
+            assert info == {"depth": 1, "is_original": False, "wraps_original": True}, (stage, site, info)
+
+
+def test_status_records():
+    log = lifecycle()
+    records = log["status"]
+    assert {tuple(sorted(r)) for r in records} == {tuple(sorted(
+        ("distribution", "release", "module", "method", "verdict", "reason", "variant")))}
+    by_site = {"%s:%s" % (r["module"], r["method"]): r for r in records}
+    dist, version = expectations.parse_target(TARGET)
+    for site in log["enable_again"]:
+        record = by_site[site]
+        assert record["verdict"] == "patched", record
+        assert record["release"] == str(version), record
+        assert record["variant"]
+    if expectations.has_trainer(TARGET) and not expectations.trainer_affected(TARGET):
+        fixed = [r for r in records if r["verdict"] == "fixed upstream"]
+        assert fixed and all(r["module"].startswith(("pytorch_lightning.", "lightning.pytorch.")) for r in fixed)
+
+
+def test_cli_status_exit_codes_and_json():
+    enabled = run(None, shim=True, args=["-m", "tpu_closure_fix", "status", "--json"])
+    assert enabled.returncode == 0, enabled.stdout + enabled.stderr[-2000:]
+    records = json.loads(enabled.stdout)
+    patched = [r for r in records if r["verdict"] == "patched"]
+    assert patched
+    # The twin: the same environment with the switch off is reported, and gated, as unprotected.
+    disabled = run(None, shim=False, args=["-m", "tpu_closure_fix", "status", "--json"])
+    assert disabled.returncode == 1
+    off = {(r["module"], r["method"]): r for r in json.loads(disabled.stdout)}
+    for r in patched:
+        assert off[(r["module"], r["method"])]["verdict"] == "disabled"
+        assert "TPU_CLOSURE_FIX=0" in off[(r["module"], r["method"])]["reason"]
+    table = run(None, shim=True, args=["-m", "tpu_closure_fix", "status"])
+    assert table.returncode == 0 and "patched" in table.stdout and "OK:" in table.stdout
+    assert run(None, shim=False, args=["-m", "tpu_closure_fix", "status"]).returncode == 1
+
+
+def test_cli_entry_point_script_matches_module():
+    script = os.path.join(os.path.dirname(sys.executable), "tpu-closure-fix")
+    args = [script, "status", "--json"] if os.path.exists(script) else None
+    if args is None:  # running from a source checkout: the console script is not installed
+        args = [sys.executable, "-c", "import sys; from tpu_closure_fix.cli import main; sys.exit(main())",
+                "status", "--json"]
+    proc = subprocess.run(args, env=child_env(True), capture_output=True, text=True, timeout=300, cwd=TESTS)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert any(r["verdict"] == "patched" for r in json.loads(proc.stdout))

@@ -1,0 +1,61 @@
+"""TPU_CLOSURE_FIX parsing, and the startup module's copy of the switch and package list."""
+import importlib.util
+import os
+import warnings
+
+import pytest
+
+from tpu_closure_fix import config, sites
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load_startup():
+    path = os.path.join(REPO, "startup", "_tpu_closure_fix_startup.py")
+    spec = importlib.util.spec_from_file_location("_startup_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("raw", [None, "", "1", "true", "TRUE", "On", "yes", " YES ", "True"])
+def test_enabling_values(raw):
+    assert config.parse_switch(raw) == (True, None)
+
+
+@pytest.mark.parametrize("raw", ["0", "false", "FALSE", "off", "Off", "no", "NO", " 0 "])
+def test_disabling_values(raw):
+    assert config.parse_switch(raw) == (False, None)
+
+
+@pytest.mark.parametrize("raw", ["2", "maybe", "disable", "enabled", "-1", "0.0", "nope"])
+def test_other_values_default_on_with_a_message(raw):
+    enabled, problem = config.parse_switch(raw)
+    assert enabled is True
+    assert "TPU_CLOSURE_FIX=%r" % raw in problem
+    assert "1/true/on/yes" in problem and "0/false/off/no" in problem
+
+
+def test_bad_value_warns_once():
+    config._warned_values.discard("bogus")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert config.enabled_from_environment({"TPU_CLOSURE_FIX": "bogus"}) is True
+        assert config.enabled_from_environment({"TPU_CLOSURE_FIX": "bogus"}) is True
+    assert [w.category for w in seen] == [config.TPUClosureFixWarning]
+
+
+def test_startup_module_agrees_with_package():
+    startup = load_startup()
+    assert startup.OFF_VALUES == config.OFF_VALUES
+    assert startup.LIGHTNING_PACKAGES == sites.top_level_packages()
+
+
+@pytest.mark.parametrize("raw,disabled", [("0", True), ("OFF", True), ("1", False), ("maybe", False), (None, False)])
+def test_startup_module_switch(raw, disabled, monkeypatch):
+    startup = load_startup()
+    if raw is None:
+        monkeypatch.delenv("TPU_CLOSURE_FIX", raising=False)
+    else:
+        monkeypatch.setenv("TPU_CLOSURE_FIX", raw)
+    assert startup._disabled_by_environment() is disabled

@@ -1,0 +1,81 @@
+"""The call-site table is well-formed, and the shape guard reads real code objects."""
+import re
+
+import pytest
+
+from tpu_closure_fix import fixes, shape, sites
+from tpu_closure_fix.releases import in_range
+
+
+def test_every_row_is_complete():
+    variants = set()
+    for site in sites.CALL_SITES:
+        assert site.variant not in variants, site.variant
+        variants.add(site.variant)
+        assert re.match(r"^[a-z_]+(\.[a-z_0-9]+)+$", site.module), site.module
+        assert re.match(r"^[A-Za-z0-9]+\.[a-z_]+$", site.qualname), site.qualname
+        assert site.module.startswith(site.package), (site.module, site.package)
+        assert 1 <= site.callsites_row <= 19
+        if site.inherits:
+            assert site.fix is None and site.shape is None
+        else:
+            assert isinstance(site.shape, shape.Shape)
+            assert site.fix is None or isinstance(site.fix, fixes.Fix)
+
+
+def test_ranges_of_one_site_do_not_overlap():
+    probes = ["%d.%d.%d" % (a, b, c) for a in (1, 2) for b in range(10) for c in range(12)]
+    for key in sites.site_keys():
+        rows = sites.rows_for(*key)
+        for release in probes:
+            matching = [r.variant for r in rows if in_range(release, r.releases)]
+            assert len(matching) <= 1, (key, release, matching)
+
+
+def test_affected_history_is_encoded():
+    # Trainer: buggy up to 1.8.x, fixed from 1.9.0; Lite/Fabric buggy through 2.6.6.
+    def verdicts(package, release):
+        return {s.variant: (s.fix is not None) for s in sites.CALL_SITES
+                if s.package == package and not s.inherits and in_range(release, s.releases)}
+
+    assert set(verdicts("pytorch_lightning", "1.8.6").values()) == {True}
+    assert set(verdicts("pytorch_lightning", "1.2.0").values()) == {True}
+    assert set(verdicts("pytorch_lightning", "1.9.0").values()) == {False}
+    assert set(verdicts("pytorch_lightning", "2.6.6").values()) == {False}
+    assert set(verdicts("lightning_fabric", "2.6.6").values()) == {True}
+    assert set(verdicts("lightning_lite", "1.8.0").values()) == {True}
+    assert verdicts("lightning_fabric", "2.7.0") == {}
+
+
+def test_shape_reads_parameters_and_names():
+    def optimizer_step(self, optimizer, model, optimizer_idx, closure, **kwargs):
+        import torch_xla.core.xla_model as xm  # noqa: F401  (never executed)
+
+        closure = self._wrap_closure(model, optimizer, optimizer_idx, closure)
+        return xm.optimizer_step(optimizer, optimizer_args={"closure": closure, **kwargs})
+
+    assert sites.TRAINER_OPTIMIZER_FIRST.check(optimizer_step).ok
+    result = sites.TRAINER_MODEL_FIRST.check(optimizer_step)
+    assert not result.ok and "parameters" in result.reason
+
+    def upstream(self, optimizer, model, optimizer_idx, closure, **kwargs):
+        closure = self._tpu_wrap_closure(optimizer, closure)
+        closure = self._wrap_closure(model, optimizer, optimizer_idx, closure)
+        result = optimizer.step(closure=closure, **kwargs)
+        xm.mark_step()  # noqa: F821
+        return result
+
+    assert sites.FIXED_1_9.check(upstream).ok
+    bad = sites.TRAINER_OPTIMIZER_FIRST.check(upstream)
+    assert not bad.ok and "lacks" in bad.reason
+
+
+def test_bind_maps_positional_and_keyword_calls():
+    names = ("optimizer", "model", "optimizer_idx", "closure")
+    values, extra = fixes.bind(names, ("o", "m"), {"optimizer_idx": 0, "closure": "c", "foo": 1})
+    assert values == {"optimizer": "o", "model": "m", "optimizer_idx": 0, "closure": "c"}
+    assert extra == {"foo": 1}
+    with pytest.raises(fixes._Unbindable):
+        fixes.bind(names, ("o",), {})
+    with pytest.raises(fixes._Unbindable):
+        fixes.bind(names, ("o", "m", 0, "c", "extra"), {})
