@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Source me: creates (once) the base venv .cache/venv with the CPU torch and installs this package
+# into it from a freshly built wheel (non-editable, so the .pth/.start files and the console script
+# are installed exactly as for a user). Exports VENV, PY and puts the venv's bin first on PATH.
+set -euo pipefail
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV="$REPO/.cache/venv"
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "== creating $VENV (python: $(python3 --version 2>&1))" >&2
+  python3 -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+if ! "$PY" -c "import torch, wrapt, pytest, hypothesis, packaging" >/dev/null 2>&1; then
+  echo "== installing torch 2.13.0 (CPU) and the test tools" >&2
+  "$PY" -m pip install -q --disable-pip-version-check torch==2.13.0 wrapt packaging pytest hypothesis 2>&1 \
+    | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+  "$PY" -c "import torch, wrapt, pytest, hypothesis, packaging" || { echo "base venv install failed" >&2; exit 1; }
+fi
+echo "== installing tpu-closure-fix from a wheel built from this checkout" >&2
+"$PY" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "$REPO" 2>&1 \
+  | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+"$PY" -c "import tpu_closure_fix" || { echo "installing tpu-closure-fix failed" >&2; exit 1; }
+export VENV PY
+export PATH="$VENV/bin:$PATH"
