@@ -90,7 +90,8 @@ def probe_dir(tmp_path_factory):
 
 
 def _target_path():
-    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != REPO]
+    return [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+            if p and os.path.abspath(p) != REPO]
 
 
 def run_probe(python, probe_dir, env_extra=None, pythonpath_extra=(), args=None, drop_env=()):
