@@ -7,9 +7,10 @@
 # torch comes along, ~5 GB; it still runs on the CPU), pytorch-lightning 1.8.6
 # installed with --no-deps plus the pinned packages it needs to import, and wrapt.
 # When <repo>/pyproject.toml exists this repo's package is installed too
-# (--no-deps, refreshed on every run).  Idempotent: the heavy part is skipped when
-# the stamp file matches.  Prints the interpreter path as the last line:
-#   XLA_PYTHON=<DIR>/bin/python
+# (--no-deps, refreshed on every run; a failure there only warns: the tests put the
+# repo on PYTHONPATH).  Idempotent: the heavy part is skipped when the stamp file
+# matches.  All progress goes to stderr; stdout is exactly one line, the interpreter:
+#   XLA_PY=$(bash scripts/xla_env.sh)   ->   <DIR>/bin/python
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -49,8 +50,9 @@ import pytorch_lightning as pl
 from pytorch_lightning.plugins.precision.tpu import TPUPrecisionPlugin  # noqa: F401
 from lightning_lite.plugins.precision.tpu import TPUPrecision  # noqa: F401
 import wrapt  # noqa: F401
+import sys
 print(f"[xla_env] torch {torch.__version__}, torch_xla {torch_xla.__version__}, "
-      f"pytorch_lightning {pl.__version__}")
+      f"pytorch_lightning {pl.__version__}", file=sys.stderr)
 PY
 }
 
@@ -62,17 +64,17 @@ else
   if [[ ! -x "$DIR/bin/python" ]]; then
     log "creating venv $DIR with $("$PY_BOOT" --version 2>&1)"
     mkdir -p "$(dirname "$DIR")"
-    "$PY_BOOT" -m venv "$DIR"
+    "$PY_BOOT" -m venv "$DIR" >&2
   fi
   PIP=("$DIR/bin/python" -m pip --disable-pip-version-check)
   export PIP_NO_INPUT=1
   log "installing ${TORCH_PINS[*]} (large download, ~5 GB)"
-  "${PIP[@]}" install "${TORCH_PINS[@]}"
+  "${PIP[@]}" install "${TORCH_PINS[@]}" >&2
   log "installing support packages: ${SUPPORT_PINS[*]}"
   # keep torch's own pins intact: list torch again so the resolver cannot move it
-  "${PIP[@]}" install "${TORCH_PINS[@]}" "${SUPPORT_PINS[@]}"
+  "${PIP[@]}" install "${TORCH_PINS[@]}" "${SUPPORT_PINS[@]}" >&2
   log "installing --no-deps: ${NODEPS_PINS[*]}"
-  "${PIP[@]}" install --no-deps "${NODEPS_PINS[@]}"
+  "${PIP[@]}" install --no-deps "${NODEPS_PINS[@]}" >&2
   check_imports
   echo "$SPEC" > "$STAMP"
   log "built in $(( $(date +%s) - start )) s"
@@ -80,10 +82,12 @@ fi
 
 if [[ -f "$REPO/pyproject.toml" ]]; then
   log "installing this repo's package (--no-deps) from $REPO"
-  "$DIR/bin/python" -m pip --disable-pip-version-check install --no-deps --force-reinstall -q "$REPO" >&2
+  if ! "$DIR/bin/python" -m pip --disable-pip-version-check install --no-deps --force-reinstall -q "$REPO" >&2; then
+    log "WARNING: installing $REPO into the venv failed (see above); the graph tier still runs from PYTHONPATH"
+  fi
 else
   log "no $REPO/pyproject.toml yet: repo package not installed (tests use PYTHONPATH)"
 fi
 
-log "installed into $DIR"
-echo "XLA_PYTHON=$DIR/bin/python"
+log "installed into $DIR (python: $DIR/bin/python)"
+echo "$DIR/bin/python"

@@ -79,7 +79,8 @@ _LITE_PRECISIONS = (
 
 def graph_check_available(python: Optional[str] = None) -> bool:
     """True when torch_xla is importable (in this interpreter, or in ``python`` if given)."""
-    if python is None or os.path.realpath(python) == os.path.realpath(sys.executable):
+    # compare launcher paths, not realpaths: every venv's python is a symlink to the same binary
+    if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
         try:
             return importlib.util.find_spec("torch_xla") is not None
         except (ImportError, ValueError):
@@ -92,10 +93,6 @@ def graph_check_available(python: Optional[str] = None) -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return proc.returncode == 0
-
-
-def _package_parent() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _kill_group(proc: "subprocess.Popen[str]") -> None:
@@ -148,16 +145,37 @@ def run_graph_check(
     child_env.pop("GPU_NUM_DEVICES", None)
     if mode != "shim":
         child_env["TPU_CLOSURE_FIX"] = "0"
-    parent = _package_parent()
+    # stacks of a hung child land in stderr_tail before the kill
+    child_env["TPU_CLOSURE_FIX_GRAPHCHECK_DUMP_AFTER"] = str(max(5.0, timeout - 10.0))
+    # the child must import *this* tpu_closure_fix and nothing else from our environment (it may
+    # live in another venv's site-packages): expose just the package through a private folder
+    import shutil
+    import tempfile
+
+    shim_dir = tempfile.mkdtemp(prefix="tpu-closure-fix-graphcheck-")
+    pkg = os.path.dirname(os.path.abspath(__file__))
+    try:
+        os.symlink(pkg, os.path.join(shim_dir, "tpu_closure_fix"))
+    except OSError:
+        shutil.copytree(pkg, os.path.join(shim_dir, "tpu_closure_fix"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
     child_env["PYTHONPATH"] = os.pathsep.join(
-        [parent] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        [shim_dir] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
+    try:
+        return _run_child(python, mode, paths, replicas, timeout, child_env, shim_dir)
+    finally:
+        shutil.rmtree(shim_dir, ignore_errors=True)
+
+
+def _run_child(python: str, mode: str, paths: Sequence[str], replicas: int, timeout: float,
+               child_env: Dict[str, str], cwd: str) -> Dict[str, Any]:
     cmd = [python, "-m", "tpu_closure_fix.graphcheck", "--child", "--mode", mode, "--paths", ",".join(paths)]
     result: Dict[str, Any] = {"ok": False, "error": None, "mode": mode, "replicas": replicas,
                               "python": python, "paths": {}}
     start = time.monotonic()
     proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True, cwd=parent)
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True, cwd=cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -270,7 +288,6 @@ def analyze_ir(ir_text: str, hlo_text: str = "", loss_ir_text: str = "") -> Dict
         loss_ops = {n["op"] for n in _parse_ir(loss_ir_text).values()} - {"xla::device_data", "prim::Constant"}
     if ar:
         operand_ok = []
-        backward_lines: set = set()
         for a in ar:
             operands = [o for o, _ in nodes[a]["operands"]]
             nout = re.search(r"num_outputs=(\d+)", nodes[a]["line"])
@@ -288,7 +305,6 @@ def analyze_ir(ir_text: str, hlo_text: str = "", loss_ir_text: str = "") -> Dict
                 # a materialised gradient of an earlier step would be a bare xla::device_data
                 ok = on["op"] != "xla::device_data" and bool(bw) and has_loss
                 operand_ok.append(ok)
-                backward_lines.update(bw)
                 res["all_reduce_operands"].append({"node": o, "op": on["op"], "from_backward": ok,
                                                    "backward_ops": sorted({nodes[x]["op"] for x in bw})})
         res["operands_from_backward"] = bool(operand_ok) and all(operand_ok)
@@ -304,28 +320,27 @@ def analyze_ir(ir_text: str, hlo_text: str = "", loss_ir_text: str = "") -> Dict
             res["update_ops"].append({"root": r, "node": idx, "op": nodes[idx]["op"],
                                       "consumes_all_reduce": hit, "all_reduce_outputs_used": outs})
         res["update_consumes_all_reduce"] = bool(consumed) and all(consumed)
-        # excerpt: the all-reduce, its operands' producers and its direct users up to the roots
-        keep = set(ar) | backward_lines
-        for a in ar:
-            keep.update(o for o, _ in nodes[a]["operands"])
-            frontier = list(users.get(a, []))
-            while frontier:
-                u = frontier.pop()
-                if u in keep:
-                    continue
-                keep.add(u)
-                frontier.extend(users.get(u, []))
-        res["excerpt"] = [nodes[i]["line"] for i in sorted(keep)]
     else:
         res["update_ops"] = [{"root": r, "node": idx, "op": nodes[idx]["op"], "consumes_all_reduce": False}
                              for r, idx in sorted(roots.items())]
-        # excerpt: the roots and their direct operands (the update on the local gradient)
-        keep = set()
-        for idx in roots.values():
-            keep.add(idx)
-            keep.update(o for o, _ in nodes[idx]["operands"])
-        res["excerpt"] = [nodes[i]["line"] for i in sorted(keep) if i in nodes]
-    res["excerpt"] = [_short(line) for line in res["excerpt"]][:24]
+    # every parameter's new value is computed from this step's backward (true in both orders:
+    # with the fix through the all-reduce, without it from the local gradient)
+    bw_all = {i for i, n in nodes.items() if _BACKWARD_OP.search(n["op"])}
+    root_anc = {idx: _ancestors(nodes, [idx]) for idx in roots.values()}
+    res["update_from_backward"] = bool(roots) and all(anc & bw_all for anc in root_anc.values())
+    # excerpt: the chain backward op -> (all-reduce) -> update, i.e. nodes that descend from a
+    # backward op and are ancestors of a parameter root
+    desc: set = set()
+    frontier = list(bw_all)
+    while frontier:
+        u = frontier.pop()
+        if u in desc:
+            continue
+        desc.add(u)
+        frontier.extend(users.get(u, []))
+    on_chain = desc & set().union(*root_anc.values()) if root_anc else set()
+    res["excerpt"] = [nodes[i]["line"] for i in sorted(on_chain)]
+    res["excerpt"] = [_short(line) for line in res["excerpt"]][:30]
     return res
 
 
@@ -350,6 +365,19 @@ def _events() -> List[str]:
     return ev
 
 
+def _arm_stack_dump() -> None:
+    """Dump every thread's stack to stderr shortly before the parent's hard timeout."""
+    with _install_lock:
+        if _installed.get("faulthandler"):
+            return
+        after = float(os.environ.get("TPU_CLOSURE_FIX_GRAPHCHECK_DUMP_AFTER", "0") or 0)
+        if after > 0:
+            import faulthandler
+
+            faulthandler.dump_traceback_later(after, exit=False)
+        _installed["faulthandler"] = True
+
+
 def _install_interceptors() -> None:
     """Process-wide wrappers around xm.mark_step / xm.reduce_gradients (thread-aware)."""
     with _install_lock:
@@ -364,6 +392,9 @@ def _install_interceptors() -> None:
             if getattr(_tls, "tracing", False):
                 _events().append("xm.mark_step (intercepted, not executed)")
                 return None
+            if getattr(_tls, "traced", False):
+                # this replica holds a pending collective: executing anything now would run it
+                raise RuntimeError("graphcheck: refusing a real xm.mark_step after a traced step")
             return real_mark_step(*args, **kwargs)
 
         def reduce_gradients(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -550,7 +581,6 @@ def _trace_trainer(ordinal: int) -> Dict[str, Any]:
     cls = _find_class(_TRAINER_PRECISIONS)
     if cls is None:
         return {"skipped": "no Lightning Trainer TPU/XLA precision plugin importable"}
-    pl = _import_attr(cls.__module__.split(".plugins")[0], "LightningModule")
     root = cls.__module__.split(".plugins")[0]
     import importlib
 
@@ -641,7 +671,7 @@ def _trace_trainer(ordinal: int) -> Dict[str, Any]:
         return orig_step(*args, **kwargs)
 
     optimizer.step = traced_step
-    _tls.tracing, _tls.events = True, []
+    _tls.tracing, _tls.events, _tls.traced = True, [], True
     try:
         osig = inspect.signature(model.optimizer_step).parameters
         if "optimizer_idx" in osig:
@@ -707,7 +737,7 @@ def _trace_lite(ordinal: int) -> Dict[str, Any]:
         return orig_step(*args, **kwargs)
 
     optimizer.step = traced_step
-    _tls.tracing, _tls.events = True, []
+    _tls.tracing, _tls.events, _tls.traced = True, [], True
     try:
         lite_opt.step(closure)
         events = list(_events())
@@ -729,6 +759,7 @@ def _replica_main(mode: str, paths: Sequence[str]) -> Dict[str, Any]:
 
     import torch_xla.core.xla_model as xm
 
+    _arm_stack_dump()
     _install_interceptors()
     if mode == "reference":
         _apply_reference_fix()
@@ -793,11 +824,15 @@ def _child(mode: str, paths: Sequence[str]) -> int:
             mod = _import_attr(dist, "__version__")
             if mod is not None:
                 payload["versions"][dist] = str(mod)
-        per_replica = pjrt.run_multiprocess(_replica_main, mode, list(paths))
-        payload["per_replica_ordinals"] = sorted(per_replica)
-        payload["world_size"] = next(iter(per_replica.values()))["world_size"]
-        payload["shim"] = next(iter(per_replica.values())).get("shim")
-        payload["paths"] = _merge(per_replica, paths)
+        payload["paths"] = {}
+        for path in paths:
+            # one fresh replica process per path: a traced step leaves a pending collective (and
+            # the device's all-reduce token) behind, so nothing may ever be executed after it
+            per_replica = pjrt.run_multiprocess(_replica_main, mode, [path])
+            payload["per_replica_ordinals"] = sorted(per_replica)
+            payload["world_size"] = next(iter(per_replica.values()))["world_size"]
+            payload.setdefault("shim", {})[path] = next(iter(per_replica.values())).get("shim")
+            payload["paths"].update(_merge(per_replica, [path]))
         errors = [f"{p}: {v['error']}" for p, v in payload["paths"].items() if v.get("error")]
         if errors:
             payload["error"] = "; ".join(errors)
