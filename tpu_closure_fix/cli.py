@@ -33,6 +33,9 @@ def build_parser():
     status.add_argument("--no-import", action="store_true",
                         help="do not import the installed call-site modules first (report what is loaded)")
     status.set_defaults(func=_cmd_status)
+    from . import check
+
+    check.add_parser(sub)
     return parser
 
 
