@@ -11,8 +11,10 @@ from .__about__ import __version__
 from .config import ENV_VAR, TPUClosureFixWarning
 from .engine import disable, enable, is_enabled
 from .report import status
+from .synccheck import SyncCheck, check_sync  # stdlib-only module: no torch/Lightning import
 
-__all__ = ["__version__", "ENV_VAR", "TPUClosureFixWarning", "enable", "disable", "is_enabled", "status"]
+__all__ = ["__version__", "ENV_VAR", "TPUClosureFixWarning", "enable", "disable", "is_enabled", "status",
+           "SyncCheck", "check_sync"]
 
 from . import activation as _activation  # noqa: E402
 

@@ -33,9 +33,11 @@ def build_parser():
     status.add_argument("--no-import", action="store_true",
                         help="do not import the installed call-site modules first (report what is loaded)")
     status.set_defaults(func=_cmd_status)
-    from . import check
+    from . import check, demo, launcher
 
     check.add_parser(sub)
+    launcher.add_parser(sub)
+    demo.add_parser(sub)
     return parser
 
 

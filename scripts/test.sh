@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: installs what it needs (into .cache/), then runs
+#   1. tests/unit                       (no Lightning needed)
+#   2. the release matrix               (scripts/matrix.py: every target release x tests/target)
+#   3. the real-torch_xla graph tier    (tests/xla, torch_xla 2.1.0 in its own venv)
+# and ends with one closing line 'N passed, N failed, N skipped' over all of them.
+# Options are passed to scripts/matrix.py (e.g. --smoke, --targets A,B).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/venv.sh || exit 1
+rm -rf results && mkdir -p results
+status=0
+
+pytest_step() {  # name, pytest args...
+  local name=$1; shift
+  "$PY" -m pytest -q -p no:cacheprovider --junitxml="results/junit-$name.xml" "$@"
+  local rc=$?
+  if [ "$rc" = 5 ]; then echo "!! $name: no tests were collected"; status=1; elif [ "$rc" != 0 ]; then status=1; fi
+}
+
+echo "== 1/3 unit tests"
+pytest_step unit tests/unit
+
+echo "== 2/3 release matrix (demo dependencies first: tests/target/test_demo.py needs them)"
+bash scripts/demo.sh --help >/dev/null || { echo "!! installing the demo dependencies failed"; status=1; }
+"$PY" scripts/matrix.py --junit-dir results "$@" || status=1
+
+echo "== 3/3 real torch_xla tier"
+if XLA_PY=$(bash scripts/xla_env.sh); then
+  TPU_CLOSURE_FIX_XLA_PYTHON="$XLA_PY" pytest_step xla tests/xla
+else
+  echo "!! building the torch_xla environment failed"; status=1
+fi
+
+echo "== summary"
+"$PY" scripts/junit_summary.py results/junit-*.xml || status=1
+exit $status

@@ -1,0 +1,161 @@
+"""Issue #5: SyncCheck on the simulated replicas (support.replica, real Lightning, torch_xla stand-in).
+
+Two replica processes train with SyncCheck attached (scenario key ``"synccheck": N``: the Trainer gets a
+``SyncCheck(every=N)`` callback, the Lite/Fabric loop calls ``check_sync(model, step, every=N)``). The
+comparison goes through the backend SyncCheck picks: torch_xla's ``xm.all_reduce`` (the stand-in's,
+delegated to gloo), since torch_xla is importable there with world size 2.
+
+* Without the shim (TPU_CLOSURE_FIX=0), where the release is affected: every check reports divergence
+  and warns, naming the step, the worst parameter and the divergence.
+* With the shim: every check runs and finds the replicas bitwise identical (divergence exactly 0); no warning.
+* One device: nothing to compare, no check runs.
+"""
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+from packaging.version import Version
+
+from conftest import REPO, TARGET, child_env, run_replicas
+from support import expectations
+
+EVERY = 2
+STEPS = 6
+
+
+def _scenarios():
+    out = []
+    dist, version = expectations.parse_target(TARGET)
+    if expectations.has_trainer(TARGET) and version >= Version("1.5"):
+        out.append({"name": "synccheck-trainer", "api": "trainer", "optimizer": "sgd", "steps": STEPS,
+                    "synccheck": EVERY})
+    if expectations.has_lite(TARGET):
+        out.append({"name": "synccheck-lite", "api": "lite", "optimizer": "sgd", "steps": STEPS,
+                    "synccheck": EVERY})
+    return out
+
+
+SCENARIOS = _scenarios()
+AFFECTED = {"synccheck-trainer": expectations.trainer_affected(TARGET),
+            "synccheck-lite": expectations.lite_affected(TARGET)}
+needs_scenarios = pytest.mark.skipif(not SCENARIOS, reason="SyncCheck supports Lightning 1.5 and later")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return {shim: run_replicas(SCENARIOS, shim, tmp_path_factory.mktemp("synccheck")) for shim in (True, False)}
+
+
+def _sync(runs, shim, rank, name):
+    return runs[shim][rank]["scenarios"][name]["synccheck"]
+
+
+@needs_scenarios
+def test_checks_run_every_n_steps_on_every_replica(runs):
+    for shim in (True, False):
+        for rank in (0, 1):
+            for s in SCENARIOS:
+                reports = _sync(runs, shim, rank, s["name"])["reports"]
+                assert [r["step"] for r in reports] == list(range(EVERY, STEPS + 1, EVERY)), (shim, s["name"])
+                assert all(r["world_size"] == 2 and r["backend"] == "xla" for r in reports)
+
+
+@needs_scenarios
+def test_fires_without_the_shim(runs):
+    for s in SCENARIOS:
+        if not AFFECTED[s["name"]]:
+            continue
+        for rank in (0, 1):
+            result = _sync(runs, False, rank, s["name"])
+            assert all(r["diverged"] for r in result["reports"]), result
+            assert all(r["max_divergence"] > r["tolerance"] for r in result["reports"])
+            assert len(result["warnings"]) == len(result["reports"])
+            first = result["warnings"][0]
+            worst = result["reports"][0]["worst_parameter"]
+            assert "step %d" % EVERY in first and repr(worst) in first and "divergence" in first, first
+            assert "tpu-closure-fix" in first
+        # MAX all-reduce: every replica reaches the same verdict, so a "raise" stops them all together.
+        assert (_sync(runs, False, 0, s["name"])["reports"] == _sync(runs, False, 1, s["name"])["reports"])
+
+
+@needs_scenarios
+def test_silent_with_the_shim(runs):
+    for s in SCENARIOS:
+        for rank in (0, 1):
+            result = _sync(runs, True, rank, s["name"])
+            assert result["reports"] and not result["warnings"], result
+            assert all(not r["diverged"] and r["max_divergence"] == 0.0 for r in result["reports"])
+
+
+@needs_scenarios
+def test_does_nothing_on_a_single_device(tmp_path):
+    results = run_replicas(SCENARIOS, False, tmp_path, world=1)
+    for s in SCENARIOS:
+        assert _sync({False: results}, False, 0, s["name"]) == {"reports": [], "warnings": []}
+
+
+# --------------------------------------------------------------------------- in-process
+def test_report_message_warn_and_raise():
+    from tpu_closure_fix import synccheck
+    from tpu_closure_fix.config import TPUClosureFixWarning
+
+    report = synccheck.SyncReport(300, 8, "xla", ["a.weight", "b.bias"], [0.5, 0.0], [1e-2, 0.0], 1e-6)
+    assert report.diverged and report.worst_parameter == "a.weight" and report.diverged_count == 1
+    with pytest.warns(TPUClosureFixWarning, match=r"step 300.*'a\.weight'.*0\.01"):
+        synccheck._act(report, "warn")
+    with pytest.raises(synccheck.ReplicaDivergenceError, match="step 300") as info:
+        synccheck._act(report, "raise")
+    assert info.value.report is report
+    ok = synccheck.SyncReport(300, 8, "xla", ["a.weight"], [0.0], [0.0], 1e-6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        synccheck._act(ok, "raise")
+
+
+def test_single_process_is_a_no_op():
+    import torch
+
+    from tpu_closure_fix import synccheck
+
+    model = torch.nn.Linear(3, 2)
+    assert synccheck.check_sync(model, 100) is None
+    assert synccheck.compare_replicas(model) is None
+    with pytest.raises(ValueError):
+        synccheck.check_sync(model, 1, every=0)
+    if SCENARIOS and expectations.has_trainer(TARGET):
+        with pytest.raises(ValueError):
+            synccheck.SyncCheck(on_divergence="ignore")
+    else:  # Lite/Fabric only: the callback says what to use instead
+        with pytest.raises(ImportError, match="check_sync"):
+            synccheck.SyncCheck()
+
+
+@pytest.mark.skipif(not (SCENARIOS and expectations.has_trainer(TARGET)),
+                    reason="the SyncCheck callback needs a Lightning Trainer (1.5 and later)")
+def test_callback_is_a_lightning_callback_made_lazily():
+    code = (
+        "import sys\n"
+        "import tpu_closure_fix\n"
+        "assert 'torch' not in sys.modules, 'importing the package imported torch'\n"
+        "cls = tpu_closure_fix.SyncCheck\n"
+        "assert 'torch' not in sys.modules, 'looking SyncCheck up imported torch'\n"
+        "import importlib\n"
+        "for name in ('pytorch_lightning', 'lightning.pytorch'):\n"
+        "    try:\n"
+        "        pl = importlib.import_module(name); break\n"
+        "    except ImportError:\n"
+        "        pass\n"
+        "cb = cls(every=5)\n"
+        "assert isinstance(cb, pl.Callback) and isinstance(cb, cls), type(cb).__mro__\n"
+        "assert cb.every == 5 and type(cls()) is type(cb)\n"
+        "import pickle; assert pickle.loads(pickle.dumps(cb)).every == 5\n"
+        "assert tpu_closure_fix.check_sync.__module__ == 'tpu_closure_fix.synccheck'\n"
+        "print('ok')\n"
+    )
+    env = child_env(True)
+    env.pop("TPU_CLOSURE_FIX_TARGET", None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout

@@ -1,0 +1,109 @@
+"""A CPU simulation of torch_xla's ``xla_model`` -- for ``tpu-closure-fix demo`` ONLY.
+
+The shim itself never imports or uses this module: on a real TPU it works with the
+real torch_xla. The demo has no TPU, so each of its replica processes (joined by
+``torch.distributed`` over gloo) puts this module where ``import
+torch_xla.core.xla_model`` finds it, after Lightning was imported. It does what
+torch_xla's documented ``xla_model`` functions do for data parallelism:
+
+* ``reduce_gradients(optimizer)``: mean all-reduce of every existing ``.grad`` of
+  the optimizer's parameters across replicas (world size > 1);
+* ``optimizer_step(optimizer, barrier=False, optimizer_args={})``:
+  ``reduce_gradients`` first, then ``optimizer.step(**optimizer_args)``, then
+  ``mark_step()`` if ``barrier`` -- the order that makes Lightning's closure bug;
+* ``all_reduce(reduce_type, inputs, scale=1.0)``, ``mark_step()`` (nothing to
+  cut on CPU), ``xrt_world_size()`` / ``get_ordinal()`` / ``xla_device()`` (CPU).
+"""
+import sys
+import types
+
+REDUCE_SUM = "sum"
+REDUCE_MUL = "mul"
+REDUCE_AND = "and"
+REDUCE_OR = "or"
+REDUCE_MIN = "min"
+REDUCE_MAX = "max"
+
+_world = {"size": 1, "ordinal": 0}
+
+
+def xrt_world_size(defval=1):
+    return _world["size"]
+
+
+world_size = xrt_world_size
+
+
+def get_ordinal(defval=0):
+    return _world["ordinal"]
+
+
+def get_local_ordinal(defval=0):
+    return _world["ordinal"]
+
+
+def is_master_ordinal(local=True):
+    return _world["ordinal"] == 0
+
+
+def xla_device(n=None, devkind=None):
+    import torch
+
+    return torch.device("cpu")
+
+
+def mark_step(wait=False):
+    pass
+
+
+def _gradients(optimizer):
+    return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+
+def reduce_gradients(optimizer, groups=None, pin_layout=True):
+    if xrt_world_size() <= 1:
+        return
+    import torch.distributed as dist
+
+    for grad in _gradients(optimizer):
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+        grad.mul_(1.0 / xrt_world_size())
+
+
+def optimizer_step(optimizer, barrier=False, optimizer_args={}, groups=None, pin_layout=True):
+    reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
+    loss = optimizer.step(**optimizer_args)
+    if barrier:
+        mark_step()
+    return loss
+
+
+def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True):
+    if xrt_world_size() <= 1:
+        return inputs
+    import torch.distributed as dist
+
+    op = {REDUCE_SUM: dist.ReduceOp.SUM, REDUCE_MAX: dist.ReduceOp.MAX, REDUCE_MIN: dist.ReduceOp.MIN}[reduce_type]
+    tensors = inputs if isinstance(inputs, list) else [inputs]
+    for t in tensors:
+        dist.all_reduce(t, op=op)
+        if scale != 1.0:
+            t.mul_(scale)
+    return inputs
+
+
+def install(world_size=1, ordinal=0):
+    """Make ``import torch_xla.core.xla_model`` return this module in this process; returns it."""
+    _world.update(size=world_size, ordinal=ordinal)
+    me = sys.modules[__name__]
+    torch_xla = sys.modules.get("torch_xla") or types.ModuleType("torch_xla")
+    core = sys.modules.get("torch_xla.core") or types.ModuleType("torch_xla.core")
+    torch_xla.__path__ = []
+    core.__path__ = []
+    torch_xla.core = core
+    core.xla_model = me
+    torch_xla.__simulated__ = "tpu_closure_fix._simulated_xla (CPU simulation for the demo)"
+    sys.modules["torch_xla"] = torch_xla
+    sys.modules["torch_xla.core"] = core
+    sys.modules["torch_xla.core.xla_model"] = me
+    return me
