@@ -69,9 +69,8 @@ TARGETS = {
     "pytorch-lightning==1.3.8": [
         "pytorch-lightning==1.3.8", "torchmetrics==0.4.1", "pyDeprecate==0.3.0",
         "future==1.0.0", "packaging==21.0", "pyparsing==2.4.7", "tqdm==4.61.1",
-        "fsspec==2021.6.1", "PyYAML==6.0.1", "numpy==1.23.5", "pillow==10.4.0",
-        "tensorboard==2.4.1", "protobuf==3.20.3", "absl-py==0.13.0", "six==1.16.0",
-        SETUPTOOLS,
+        "fsspec==2021.6.1", "PyYAML==6.0.1", "numpy==1.23.5", "tensorboard==2.4.1",
+        "protobuf==3.20.3", "absl-py==0.13.0", "six==1.16.0", SETUPTOOLS,
     ],
     "pytorch-lightning==1.4.9": [
         "pytorch-lightning==1.4.9", "torchmetrics==0.5.0", "pyDeprecate==0.3.1",
@@ -244,7 +243,12 @@ for _n in TARGETS:
 
 
 class TargetError(RuntimeError):
-    """A target could not be installed, imported or trained."""
+    """A target could not be installed, imported or trained.  ``stderr`` holds
+    the failing subprocess's (pip's, or the import check's) standard error."""
+
+    def __init__(self, message: str, stderr: str = "") -> None:
+        super().__init__(message)
+        self.stderr = stderr
 
 
 def slug(name: str) -> str:
@@ -337,7 +341,8 @@ def verify_imports(name: str, path: os.PathLike) -> None:
     proc = _run(cmd, env=target_env(path), timeout=600)
     if proc.returncode != 0:
         raise TargetError("target %s does not import (exit %d):\n%s%s"
-                          % (name, proc.returncode, proc.stdout, proc.stderr))
+                          % (name, proc.returncode, proc.stdout, proc.stderr),
+                          proc.stderr)
 
 
 def install(name: str, root: Optional[os.PathLike] = None, force: bool = False) -> Path:
@@ -355,20 +360,28 @@ def install(name: str, root: Optional[os.PathLike] = None, force: bool = False) 
     tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".tmp-", dir=str(dest.parent)))
     try:
         cmd = [_python(), "-m", "pip", "install", "--no-deps", "--no-input",
-               "--disable-pip-version-check", "--no-warn-script-location",
+               "--disable-pip-version-check", "--no-warn-script-location", "--no-compile",
                "--target", str(tmp)] + list(TARGETS[name])
         proc = _run(cmd)
         if proc.returncode != 0:
             raise TargetError("pip failed for target %s (exit %d): %s\n%s"
-                              % (name, proc.returncode, " ".join(cmd), proc.stderr))
+                              % (name, proc.returncode, " ".join(cmd), proc.stderr),
+                              proc.stderr)
         verify_imports(name, tmp)
         stamp = {"target": name, "hash": requirements_hash(name), "requirements": TARGETS[name]}
         (tmp / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
         if dest.exists():
+            if not force and is_installed(name, root):
+                return dest  # a concurrent install finished first
             old = Path(tempfile.mkdtemp(prefix=dest.name + ".old-", dir=str(dest.parent)))
             os.rename(str(dest), str(old / "x"))
             shutil.rmtree(str(old), ignore_errors=True)
-        os.rename(str(tmp), str(dest))
+        try:
+            os.rename(str(tmp), str(dest))
+        except OSError:
+            if is_installed(name, root):
+                return dest  # a concurrent install finished first
+            raise
     finally:
         if tmp.exists():
             shutil.rmtree(str(tmp), ignore_errors=True)
@@ -477,7 +490,8 @@ def train(name: str, root: Optional[os.PathLike] = None) -> str:
                               universal_newlines=True, timeout=600)
     if proc.returncode != 0:
         raise TargetError("target %s does not train (exit %d):\n%s%s"
-                          % (name, proc.returncode, proc.stdout, proc.stderr))
+                          % (name, proc.returncode, proc.stdout, proc.stderr),
+                          proc.stderr)
     return proc.stdout.strip()
 
 

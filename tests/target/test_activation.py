@@ -20,14 +20,9 @@ import textwrap
 
 import pytest
 
-from conftest import REPO, TARGET
+from conftest import REPO
 
-# Activation is independent of the Lightning release except through the import machinery, so the
-# modes run on three targets (the main affected Trainer+Lite release, the oldest supported wrapt,
-# and the newest Fabric); the other targets run the order, replica and engine tests.
-ACTIVATION_TARGETS = ("pytorch-lightning==1.8.6", "pytorch-lightning==1.8.6+wrapt==1.14.1", "lightning-fabric==2.6.6")
-if TARGET not in ACTIVATION_TARGETS:
-    pytest.skip("activation modes run on %s only" % ", ".join(ACTIVATION_TARGETS), allow_module_level=True)
+# Runs on the representative targets only: see ONLY_ON in conftest.py.
 
 PROBE = textwrap.dedent(
     """
