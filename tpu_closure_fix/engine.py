@@ -170,6 +170,11 @@ def _examine_inherited(site, release, cls, attr):
 
 def _patch_site(key, module):
     finding = examine(key, module)
+    if finding.verdict == SKIPPED and finding.site is not None and finding.site.inherits \
+            and not _base_patched(finding.site):
+        # An inheriting subclass (bf16) of a base site that is itself skipped/failed/absent: the base's
+        # own warning already names the cause; status() still lists this row (issue #6: one warning).
+        return finding
     if finding.verdict == SKIPPED:
         _warn_once(key, "tpu-closure-fix: %s:%s not patched: %s" % (key[0], key[1], finding.reason))
         return finding
@@ -192,6 +197,11 @@ def _patch_site(key, module):
     log.info("tpu-closure-fix: patched %s.%s (%s %s, variant %s)", key[0], key[1], site.package,
              finding.release, site.variant)
     return Finding(PATCHED, "", site, finding.release, None)
+
+
+def _base_patched(site):
+    return any((row.module, row.qualname) in _state.patches for row in _sites.CALL_SITES
+               if row.package == site.package and row.qualname == site.inherits and not row.inherits)
 
 
 def _patch_module(module):
@@ -217,6 +227,7 @@ def _on_import(module):
     try:
         with _state.lock:
             _state.pending.discard(getattr(module, "__name__", None))
+            _arm_for_reload(getattr(module, "__name__", None))
             if _state.enabled:
                 _patch_module(module)
     except Exception as exc:  # pragma: no cover - defensive
@@ -224,13 +235,51 @@ def _on_import(module):
                    "tpu-closure-fix: import hook failed for %r: %s" % (module, exc))
 
 
+def _arm_for_reload(name):
+    """Make ``importlib.reload(module)`` fire :func:`_on_import` again (issue #6, reload fault).
+
+    wrapt's post-import hooks fire once. A reload re-runs the module body (new class
+    objects holding Lightning's original functions) and goes through ``sys.meta_path``
+    again, where wrapt's ``ImportHookFinder`` chains the loader -- and so calls the hooks
+    listed in ``wrapt.importer._post_import_hooks[name]`` after the body ran -- for every
+    name that has an entry there. Putting our hook back in that list (it is emptied
+    or popped once fired, in wrapt 1.14 and 2.x alike) re-patches the reloaded classes.
+    A plain ``import`` of an already-loaded module never reaches the finder, so this
+    costs nothing otherwise. Private wrapt API: best effort, never raises.
+    """
+    if not name:
+        return
+    try:
+        import wrapt.importer as importer
+
+        with importer._post_import_hooks_lock:
+            if not importer._post_import_hooks_init:  # finder not installed yet (no hook ever registered)
+                importer._post_import_hooks_init = True
+                sys.meta_path.insert(0, importer.ImportHookFinder())
+            hooks = importer._post_import_hooks.get(name)
+            if hooks is None:
+                importer._post_import_hooks[name] = [_on_import]
+            elif _on_import not in hooks:
+                hooks.append(_on_import)
+    except Exception:  # pragma: no cover - unknown wrapt internals: reload is then reported by status()
+        pass
+
+
 def enable():
     """Patch every affected site now and as its module gets imported (idempotent)."""
     late = []
     with _state.lock:
+        # Import wrapt *before* switching on (issue #6 fault test "wrapt missing"): otherwise a
+        # failed import left enabled=True with nothing patched, and status() blamed a reload.
+        try:
+            import wrapt
+        except ImportError as exc:
+            reason = "wrapt is not importable (%s); pip install 'wrapt>=1.14'" % (exc,)
+            _state.disabled_reason = reason
+            _warn_once("wrapt", "tpu-closure-fix is inactive: %s. Lightning runs unpatched." % reason)
+            return False
         _state.enabled = True
         _state.switch.on = True
-        import wrapt
 
         for name in _sites.module_names():
             if name in _state.pending:
@@ -244,6 +293,7 @@ def enable():
                     _state.pending.discard(name)
                     _warn_once(("register", name), "tpu-closure-fix: cannot watch %s: %s" % (name, exc))
             else:
+                _arm_for_reload(name)
                 late.extend(_patch_module(module))
     if late:
         _warn_if_already_stepped()
