@@ -23,7 +23,7 @@ pytest_step unit tests/unit
 
 echo "== 2/3 release matrix (demo dependencies first: tests/target/test_demo.py needs them)"
 bash scripts/demo.sh --help >/dev/null || { echo "!! installing the demo dependencies failed"; status=1; }
-"$PY" scripts/matrix.py --junit-dir results "$@" || status=1
+"$PY" scripts/matrix.py --results results "$@" || status=1
 
 echo "== 3/3 real torch_xla tier"
 if XLA_PY=$(bash scripts/xla_env.sh); then

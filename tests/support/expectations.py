@@ -37,3 +37,106 @@ def has_lite(target):
 
 def lite_affected(target):
     return has_lite(target)
+
+
+# --------------------------------------------------------------------------- issue #3: replica scenarios
+#: Every scenario the replica equivalence test knows. ``api`` picks the loop;
+#: the other keys are read by support.replica / support.lightning_api.
+SCENARIOS = {
+    "trainer-sgd": {"api": "trainer", "optimizer": "sgd", "steps": 3},
+    # clip=0.01 is far below the gradient norm of this model, so every step clips.
+    "trainer-adam-clip": {"api": "trainer", "optimizer": "adam", "steps": 3, "clip": 0.01},
+    "trainer-accumulate": {"api": "trainer", "optimizer": "sgd", "steps": 2, "accumulate": 2},
+    "trainer-two-optimizers": {"api": "trainer", "optimizer": "sgd", "steps": 2, "two_optimizers": True},
+    "trainer-manual": {"api": "trainer", "optimizer": "sgd", "steps": 2, "manual": True},
+    "trainer-bf16": {"api": "trainer", "optimizer": "sgd", "steps": 2, "bf16": True},
+    "lite-sgd": {"api": "lite", "optimizer": "sgd", "steps": 3},
+    "lite-adam": {"api": "lite", "optimizer": "adam", "steps": 3},
+    "lite-lbfgs": {"api": "lite", "optimizer": "lbfgs", "steps": 2},
+    "lite-bf16": {"api": "lite", "optimizer": "sgd", "steps": 2, "bf16": True},
+}
+
+
+def _trainer_version(target):
+    dist, version = parse_target(target)
+    return version if dist in ("pytorch-lightning", "lightning") else None
+
+
+def _lite_version(target):
+    """Release of the Lite/Fabric code the target carries (vendored copies follow the PL release)."""
+    return parse_target(target)[1] if has_lite(target) else None
+
+
+def scenario_names(target):
+    """The scenarios that apply to ``target``, in run order, each one explicit (see not_applicable)."""
+    return [name for name in SCENARIOS if name not in not_applicable(target)]
+
+
+def not_applicable(target):
+    """{scenario: why it does not apply to ``target``} -- nothing is skipped silently."""
+    out = {}
+    trainer = _trainer_version(target)
+    lite = _lite_version(target)
+    trainer_names = [n for n in SCENARIOS if SCENARIOS[n]["api"] == "trainer"]
+    lite_names = [n for n in SCENARIOS if SCENARIOS[n]["api"] == "lite"]
+    if trainer is None:
+        for n in trainer_names:
+            out[n] = "target has no Trainer"
+    else:
+        if trainer >= Version("2.0"):
+            out["trainer-two-optimizers"] = "multiple optimizers under automatic optimization removed in 2.0"
+        if trainer < Version("1.5"):
+            out["trainer-bf16"] = ("PL < 1.5: the call site is TPUAccelerator.run_optimizer_step, the same code "
+                                   "for every precision plugin (no bf16 subclass of the call site)")
+        elif trainer >= Version("2.1"):
+            out["trainer-bf16"] = ("PL >= 2.1: no bf16 subclass of the call site in the table; the graveyard "
+                                   "bf16 classes run bf16-true (a different dtype from the fp32 reference)")
+    if lite is None:
+        for n in lite_names:
+            out[n] = "target has no Lite/Fabric"
+    elif lite >= Version("2.1"):
+        out["lite-bf16"] = ("Fabric >= 2.1: no TPUBf16Precision subclass of the call site in the table; "
+                            "the graveyard bf16 classes run bf16-true (a different dtype)")
+    return out
+
+
+def scenarios(target):
+    """Scenario dicts (with their ``name``) for ``target``."""
+    out = []
+    for name in scenario_names(target):
+        scenario = dict(SCENARIOS[name], name=name)
+        if scenario.get("clip") and clips_before_reduce(target):
+            scenario["clip_local"] = True
+        out.append(scenario)
+    return out
+
+
+def accelerator_path(target):
+    """PL 1.2-1.4: the replica drives TPUAccelerator.run_optimizer_step directly (see lightning_api)."""
+    trainer = _trainer_version(target)
+    return trainer is not None and trainer < Version("1.5")
+
+
+def clips_before_reduce(target):
+    """PL 1.2-1.4 clip inside Lightning's closure, i.e. before the shim's reduction (FACTS.md §3).
+
+    The shim cannot move that (a documented limitation), so for these releases the
+    adam-clip scenario is compared with a reference that clips each replica's local
+    gradients and then averages -- what those releases do on a correctly ordered TPU.
+    """
+    return accelerator_path(target)
+
+
+def bug_can_occur(target, name):
+    """Whether, without the shim, replicas diverge in scenario ``name`` on ``target``.
+
+    Manual optimization: the user's backward has run before ``opt.step()``, the
+    closure is a do-nothing one, so reducing before it is right: never affected.
+    Trainer scenarios: affected before 1.9.0. Lite/Fabric with a closure: always.
+    """
+    scenario = SCENARIOS[name]
+    if scenario.get("manual"):
+        return False
+    if scenario["api"] == "trainer":
+        return trainer_affected(target)
+    return lite_affected(target)

@@ -16,6 +16,17 @@ Where a release cannot run that way it goes lower, and says so:
 Only torch_xla is replaced (by the stand-in): :func:`bind_standin` binds it
 where Lightning would have bound torch_xla had it been importable, and sets
 the call-site modules' ``_XLA_AVAILABLE`` so their constructors accept it.
+Lightning's own lazy availability checks are settled first, before the
+stand-in exists (:func:`_settle_availability`), so accelerator detection still
+sees a CPU-only machine.
+
+Every other matrix target runs from the top with the same code: pytorch-lightning
+1.5.10 - 2.6.6 and lightning 1.8.6 / 2.6.6 (``Trainer.fit``; PL 1.5-1.7 also
+``pytorch_lightning.lite.LightningLite``), lightning-lite 1.8.x and the
+``lightning_lite`` inside PL 1.8 / ``lightning.lite`` (``LightningLite``),
+lightning-fabric 1.9.5 - 2.6.6 and the copies inside PL >= 1.9 / ``lightning``
+(``Fabric``). bf16 scenarios use data that is exact in bfloat16, so a bf16
+plugin's input conversion (Lite/Fabric ``convert_input``) changes no value.
 """
 import importlib
 import sys
@@ -50,7 +61,31 @@ def import_lightning():
     else:
         if pl is not None and PL_RELEASE is not None and Version("1.5") <= PL_RELEASE < Version("1.8"):
             lite = ("pl-lite", importlib.import_module(pl.__name__ + ".lite"))
+    _call_site_modules()
+    _settle_availability()
     return pl, lite
+
+
+def _settle_availability():
+    """Evaluate Lightning's lazy ``_XLA_AVAILABLE`` checks now, before the stand-in exists.
+
+    lightning-utilities' ``RequirementCache`` / ``ModuleAvailableCache`` (lite 1.8,
+    fabric 1.9+) check ``find_spec("torch_xla")`` on first use and cache the
+    answer. Left lazy, the first use comes after the stand-in is installed, and
+    ``find_spec`` raises ``ValueError: torch_xla.__spec__ is None`` (PL 1.9.5's
+    ``Trainer.__init__`` logs ``TPUAccelerator.is_available()``). Settled here,
+    they answer what they would on this machine -- no torch_xla, no TPU -- and
+    only the call-site modules are told XLA is available (:func:`bind_standin`).
+    """
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(("pytorch_lightning", "lightning")):
+            continue
+        flag = getattr(module, "_XLA_AVAILABLE", None)
+        if flag is not None and not isinstance(flag, bool):
+            try:
+                bool(flag)
+            except Exception:
+                pass
 
 
 def describe():
@@ -182,7 +217,7 @@ def run_trainer(scenario, rank, world, harness):
     if PL_RELEASE < Version("1.5"):
         return _run_accelerator(scenario, rank, world, harness)
     model = _module_class(scenario, harness)()
-    data = harness.batches(rank, scenario["steps"], scenario.get("accumulate", 1))
+    data = harness.batches(rank, scenario["steps"], scenario.get("accumulate", 1), scenario.get("bf16", False))
     loader = torch.utils.data.DataLoader(data, batch_size=None, shuffle=False)
     trajectory = []
 
@@ -196,7 +231,8 @@ def run_trainer(scenario, rank, world, harness):
     # One epoch over exactly steps x accumulate batches: no max_steps, whose meaning changed across releases.
     kwargs = dict(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                   enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                  plugins=[make_precision("trainer", bf16=scenario.get("bf16", False))], callbacks=[Snapshot()])
+                  plugins=[make_precision("trainer", bf16=scenario.get("bf16", False))],
+                  callbacks=[Snapshot()] + synccheck_callbacks(scenario))
     if scenario.get("clip"):
         kwargs["gradient_clip_val"] = scenario["clip"]
     if scenario.get("accumulate", 1) > 1:
@@ -207,36 +243,87 @@ def run_trainer(scenario, rank, world, harness):
 
 
 def _run_accelerator(scenario, rank, world, harness):
-    """PL 1.2-1.4: call the installed TPUAccelerator.run_optimizer_step (see module docstring)."""
+    """PL 1.2-1.4: call the installed TPUAccelerator.run_optimizer_step (see module docstring).
+
+    Mirrors those releases' training loop (``TrainLoop.run_training_batch`` /
+    ``TrainingBatchLoop``): for each optimizer, the micro-batches that only
+    accumulate run forward/backward outside the optimizer step; the stepping
+    micro-batch runs inside Lightning's closure ``training_step_and_backward``
+    (forward, zero_grad on the first micro-batch of an accumulation window,
+    backward scaled by ``1/accumulate_grad_batches``, then clipping --
+    ``track_and_norm_grad`` -- on the stepping batch). Manual optimization:
+    ``manual_backward`` then ``opt.step()``, which reaches
+    ``run_optimizer_step`` with Lightning's ``do_nothing_closure``.
+    """
     import torch
     from support import xla_standin as xm
 
     module = importlib.import_module(pl.__name__ + ".accelerators.tpu")
     accelerator = module.TPUAccelerator.__new__(module.TPUAccelerator)
+    core_optimizer = _try(pl.__name__ + ".core.optimizer")
+    do_nothing = getattr(core_optimizer, "do_nothing_closure", None) or (lambda: None)
     layers = harness.make_layers(scenario)
     params = [p for layer in layers for p in layer.parameters()]
-    opt = harness.make_optimizer(scenario["optimizer"], params)
-    opt.register_step_post_hook(lambda *a: xm.record("step"))
-    data = harness.batches(rank, scenario["steps"], 1)
+    groups = ([list(layers[0].parameters()), list(layers[1].parameters())] if scenario.get("two_optimizers")
+              else [params])
+    opts = [harness.make_optimizer(scenario["optimizer"], g) for g in groups]
+    for opt in opts:
+        opt.register_step_post_hook(lambda *a: xm.record("step"))
+    accumulate = scenario.get("accumulate", 1)
+    data = harness.batches(rank, scenario["steps"], accumulate)
     trajectory = []
-    for x, y in data:
-        def closure(x=x, y=y):
-            xm.record("forward")
-            loss = harness.loss_fn(layers, x, y)
+
+    def training_step_and_backward(opt, x, y, first):
+        xm.record("forward")
+        loss = harness.loss_fn(layers, x, y)
+        if accumulate > 1:
+            loss = loss / accumulate
+        if first:
             xm.record("zero_grad")
             opt.zero_grad()
-            loss.backward()
-            xm.record("backward")
-            if scenario.get("clip"):
-                torch.nn.utils.clip_grad_norm_(params, scenario["clip"])
-            return loss.detach()
+        loss.backward()
+        xm.record("backward")
+        return loss.detach()
 
-        accelerator.run_optimizer_step(opt, 0, closure)
+    for step in range(scenario["steps"]):
+        chunk = data[step * accumulate:(step + 1) * accumulate]
+        for opt_idx, (opt, group) in enumerate(zip(opts, groups)):
+            if scenario.get("manual"):
+                x, y = chunk[0]
+                xm.record("forward")
+                loss = harness.loss_fn(layers, x, y)
+                xm.record("zero_grad")
+                opt.zero_grad()
+                loss.backward()
+                xm.record("backward")
+                accelerator.run_optimizer_step(opt, opt_idx, do_nothing)
+                continue
+            for i, (x, y) in enumerate(chunk[:-1]):
+                training_step_and_backward(opt, x, y, first=(i == 0))
+            x, y = chunk[-1]
+
+            def closure(opt=opt, group=group, x=x, y=y):
+                loss = training_step_and_backward(opt, x, y, first=(accumulate == 1))
+                if scenario.get("clip"):
+                    torch.nn.utils.clip_grad_norm_(group, scenario["clip"])
+                return loss
+
+            accelerator.run_optimizer_step(opt, opt_idx, closure)
         trajectory.append(harness.flat(params))
     return trajectory
 
 
 # --------------------------------------------------------------------------- Lite / Fabric
+def _ToFloat():
+    import torch
+
+    class ToFloat(torch.nn.Module):
+        def forward(self, x):
+            return x.to(torch.float32)
+
+    return ToFloat()
+
+
 def run_lite(scenario, rank, world, harness):
     """Lite/Fabric loop: ``optimizer.step(closure)`` (or backward then ``optimizer.step()``)."""
     import torch
@@ -249,11 +336,12 @@ def run_lite(scenario, rank, world, harness):
 
     def loop(runner):
         layers = harness.make_layers(scenario)
-        model = torch.nn.Sequential(layers[0], torch.nn.Tanh(), layers[1])
+        # _ToFloat: a bf16 plugin converts the (bf16-exact) inputs to bfloat16; the fp32 layers take them back.
+        model = torch.nn.Sequential(_ToFloat(), layers[0], torch.nn.Tanh(), layers[1])
         opt = harness.make_optimizer(scenario["optimizer"], model.parameters())
         opt.register_step_post_hook(lambda *a: xm.record("step"))
         model, opt = runner.setup(model, opt)
-        for x, y in harness.batches(rank, scenario["steps"], 1):
+        for x, y in harness.batches(rank, scenario["steps"], 1, scenario.get("bf16", False)):
             def closure(x=x, y=y):
                 xm.record("zero_grad")
                 opt.zero_grad()
@@ -269,6 +357,7 @@ def run_lite(scenario, rank, world, harness):
                 closure()
                 opt.step()
             trajectory.append(harness.flat(list(model.parameters())))
+            synccheck_step(scenario, model, len(trajectory))
 
     if kind == "fabric":
         fabric = module.Fabric(accelerator="cpu", devices=1, plugins=[precision])
@@ -282,3 +371,46 @@ def run_lite(scenario, rank, world, harness):
 
         Runner(accelerator="cpu", devices=1, plugins=[precision]).run()
     return trajectory
+
+
+# --------------------------------------------------------------------------- SyncCheck (issue #5)
+# Optional scenario key ``"synccheck": N``: the Trainer gets a tpu_closure_fix.SyncCheck(every=N)
+# callback, the Lite/Fabric loop calls tpu_closure_fix.check_sync(model, step, every=N) after each
+# step. Every check's report and every warning message go to ``synccheck_results()``.
+_synccheck = {"reports": [], "warnings": []}
+
+
+def _synccheck_divergence(report):
+    import warnings
+
+    from tpu_closure_fix.config import TPUClosureFixWarning
+
+    _synccheck["warnings"].append(report.message())
+    warnings.warn(report.message(), TPUClosureFixWarning)
+
+
+def synccheck_callbacks(scenario):
+    _synccheck["reports"], _synccheck["warnings"] = [], []
+    if not scenario.get("synccheck"):
+        return []
+    from tpu_closure_fix import synccheck
+
+    callback = synccheck.SyncCheck(every=scenario["synccheck"], on_divergence=_synccheck_divergence)
+    callback.reports = _synccheck["reports"]
+    return [callback]
+
+
+def synccheck_step(scenario, model, step):
+    if step == 1:
+        _synccheck["reports"], _synccheck["warnings"] = [], []
+    if not scenario.get("synccheck"):
+        return
+    from tpu_closure_fix import synccheck
+
+    report = synccheck.check_sync(model, step, every=scenario["synccheck"], on_divergence=_synccheck_divergence)
+    if report is not None:
+        _synccheck["reports"].append(report)
+
+
+def synccheck_results():
+    return {"reports": [r.as_dict() for r in _synccheck["reports"]], "warnings": list(_synccheck["warnings"])}

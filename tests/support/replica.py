@@ -34,17 +34,23 @@ BATCH = 4
 
 
 # --------------------------------------------------------------------------- data
-def shard(rank, steps, accumulate):
-    """Replica ``rank``'s batches: different data on every replica."""
+def shard(rank, steps, accumulate, bf16=False):
+    """Replica ``rank``'s batches: different data on every replica.
+
+    ``bf16``: inputs rounded to bfloat16-representable values, so a bf16
+    precision plugin's input conversion (Lite/Fabric ``convert_input``) is exact.
+    """
     gen = torch.Generator().manual_seed(1000 + rank)
     count = steps * accumulate
     x = torch.randn(count * BATCH, IN_FEATURES, generator=gen)
     y = torch.randn(count * BATCH, OUT_FEATURES, generator=gen)
+    if bf16:
+        x = x.to(torch.bfloat16).to(torch.float32)
     return x, y
 
 
-def batches(rank, steps, accumulate):
-    x, y = shard(rank, steps, accumulate)
+def batches(rank, steps, accumulate, bf16=False):
+    x, y = shard(rank, steps, accumulate, bf16)
     return [(x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, len(x), BATCH)]
 
 
@@ -76,7 +82,7 @@ def flat(params):
 def reference(scenario, world):
     """Plain PyTorch: forward, zero_grad, backward per replica; mean all-reduce; clip; step."""
     steps, acc = scenario["steps"], scenario.get("accumulate", 1)
-    data = [batches(r, steps, acc) for r in range(world)]
+    data = [batches(r, steps, acc, scenario.get("bf16", False)) for r in range(world)]
     layers = make_layers(scenario)
     params = [p for layer in layers for p in layer.parameters()]
     groups = [params] if not scenario.get("two_optimizers") else [list(layers[0].parameters()),
@@ -106,6 +112,12 @@ def reference(scenario, world):
                 for r in range(world):
                     chunk = data[r][step * acc:(step + 1) * acc]
                     grads, loss = replica_grads(opt_params, chunk, 1.0 / acc if acc > 1 else 1.0)
+                    if scenario.get("clip_local"):
+                        # PL 1.2-1.4 clip inside the closure: each replica clips its local gradients.
+                        for p, g in zip(opt_params, grads):
+                            p.grad = g
+                        torch.nn.utils.clip_grad_norm_(opt_params, scenario["clip"])
+                        grads = [p.grad for p in opt_params]
                     per_replica.append(grads)
                     losses.append(loss)
                 total = per_replica[0]
@@ -113,7 +125,7 @@ def reference(scenario, world):
                     total = [a + b for a, b in zip(total, other)]
                 for p, g in zip(opt_params, total):
                     p.grad = g * (1.0 / world) if world > 1 else g
-                if scenario.get("clip"):
+                if scenario.get("clip") and not scenario.get("clip_local"):
                     torch.nn.utils.clip_grad_norm_(opt_params, scenario["clip"])
                 return losses[0]
 
@@ -123,13 +135,34 @@ def reference(scenario, world):
 
 
 # --------------------------------------------------------------------------- run
+def site_state():
+    """For every call-site key whose module is loaded: is the class attribute our wrapper, and its verdict."""
+    from tpu_closure_fix import engine, sites
+
+    out = {}
+    for key in sites.site_keys():
+        module = sys.modules.get(key[0])
+        if module is None:
+            continue
+        class_name, attr = key[1].rsplit(".", 1)
+        cls = getattr(module, class_name, None)
+        if not isinstance(cls, type):
+            continue
+        out["%s:%s" % key] = {"wrapped": engine.is_ours(cls.__dict__.get(attr)),
+                              "verdict": engine.examine(key).verdict}
+    return out
+
+
 def run_scenario(scenario, rank, world):
     xm.clear()
     if scenario["api"] == "trainer":
         params = api.run_trainer(scenario, rank, world, sys.modules[__name__])
     else:
         params = api.run_lite(scenario, rank, world, sys.modules[__name__])
-    return {"events": [[name, info] for name, info in xm.events], "params": params}
+    entry = {"events": [[name, info] for name, info in xm.events], "params": params}
+    if scenario.get("synccheck"):
+        entry["synccheck"] = api.synccheck_results()
+    return entry
 
 
 def main(argv=None):
@@ -177,6 +210,7 @@ def main(argv=None):
         if args.rank == 0:
             entry["reference"] = reference(scenario, args.world)
         results["scenarios"][scenario["name"]] = entry
+    results["sites"] = site_state()
     with open(args.out, "w") as handle:
         json.dump(results, handle)
     if args.world > 1:

@@ -29,8 +29,8 @@ TIMEOUT = 600
 REPRESENTATIVE = ("pytorch-lightning==1.8.6", "pytorch-lightning==1.8.6+wrapt==1.14.1", "lightning-fabric==2.6.6")
 ONLY_ON = {
     "test_activation.py": REPRESENTATIVE,
-    "test_faults.py": REPRESENTATIVE,
-    "test_orderings.py": ("pytorch-lightning==1.8.6", "lightning-fabric==2.6.6"),
+    "test_faults.py": ("pytorch-lightning==1.8.6",),
+    "test_orderings.py": ("pytorch-lightning==1.8.6",),
     "test_concurrency.py": ("pytorch-lightning==1.8.6",),
     "test_synccheck.py": ("pytorch-lightning==1.8.6", "lightning-fabric==2.6.6"),
     "test_demo.py": ("pytorch-lightning==1.8.6",),

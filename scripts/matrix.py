@@ -1,0 +1,260 @@
+#!/usr/bin/env python
+"""Run the release matrix: every target's installed Lightning against tests/target.
+
+Usage::
+
+    python scripts/matrix.py [--targets A,B] [--smoke] [--install-jobs N] [--results DIR]
+
+For each target (``scripts/targets.py list``):
+
+1. install it with scripts/targets.py (installs run in parallel, ``--install-jobs``);
+   a target that cannot install FAILS, with pip's error;
+2. run ``tpu-closure-fix status --json`` under it (``python -m tpu_closure_fix``
+   with the target folder on PYTHONPATH) and count the call sites it reports
+   patched / fixed upstream;
+3. run ``python -m pytest tests/target -q`` with ``PYTHONPATH=<target dir>`` and
+   ``TPU_CLOSURE_FIX_TARGET=<name>``; exit code 5 (no tests collected) is a failure.
+   The tests write ``<results>/<slug>.json`` (steps compared, divergences...);
+   pytest's output goes to ``<results>/<slug>.pytest.log``.
+
+Then it prints one line per target and writes ``<results>/matrix.json``
+(default ``results/``, gitignored). Exit status 1 if any target failed.
+
+``--smoke``: one target per call-site family instead of all of them (see SMOKE).
+Tests run one target at a time: each test run already keeps 2 replica processes
+busy, which is all of a 2-core machine.
+
+Python 3.8+, standard library only.
+"""
+from __future__ import print_function
+
+import argparse
+import concurrent.futures
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+DEFAULT_RESULTS = os.path.join(REPO, "results")
+PYTEST_TIMEOUT = 1800
+
+#: --smoke: one target per call-site family (accelerator, Trainer plugin + Lite,
+#: fixed Trainer + Fabric TPUPrecision, Fabric XLAPrecision).
+SMOKE = ("pytorch-lightning==1.4.9", "pytorch-lightning==1.8.6", "pytorch-lightning==1.9.5",
+         "lightning-fabric==2.6.6")
+
+
+def load_targets():
+    spec = importlib.util.spec_from_file_location("tpu_closure_fix_targets", os.path.join(HERE, "targets.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(cmd, env, timeout, cwd=REPO):
+    start = time.time()
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              universal_newlines=True, timeout=timeout)
+        return proc.returncode, proc.stdout, time.time() - start
+    except subprocess.TimeoutExpired as exc:
+        out = exc.output or ""
+        if isinstance(out, bytes):
+            out = out.decode("utf-8", "replace")
+        return None, out + "\n[timed out after %ds]" % timeout, time.time() - start
+
+
+def target_env(path, name, results):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(path)
+    env["PYTHONNOUSERSITE"] = "1"
+    env["TPU_CLOSURE_FIX_TARGET"] = name
+    env["TPU_CLOSURE_FIX_RESULTS"] = results
+    env.pop("TPU_CLOSURE_FIX", None)  # status runs as a user would: shim on by default
+    return env
+
+
+def status(path, name, results):
+    """(records, wrapt version, error) from ``tpu-closure-fix status --json`` under the target."""
+    env = target_env(path, name, results)
+    code, out, _ = run([sys.executable, "-W", "ignore", "-m", "tpu_closure_fix", "status", "--json"], env, 600)
+    records, error = None, None
+    try:
+        records = json.loads(out[out.index("["):])
+    except ValueError:
+        error = "status failed (exit %s): %s" % (code, out[-2000:])
+    code, out, _ = run([sys.executable, "-c", "import wrapt; print(wrapt.__version__)"], env, 120)
+    wrapt_version = out.strip().splitlines()[-1] if code == 0 and out.strip() else None
+    return records, wrapt_version, error
+
+
+def pytest_target(path, name, results):
+    env = target_env(path, name, results)
+    junit = os.path.join(results, "junit-target-%s.xml" % "".join(c if c.isalnum() or c in ".-" else "-" for c in name))
+    cmd = [sys.executable, "-m", "pytest", "tests/target", "-q", "-p", "no:cacheprovider", "--junitxml=" + junit]
+    code, out, seconds = run(cmd, env, PYTEST_TIMEOUT)
+    return code, out, seconds
+
+
+def fmt(value):
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    return "%.3g" % value
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--targets", help="comma-separated target names (default: all)")
+    parser.add_argument("--smoke", action="store_true", help="one target per call-site family: %s" % ", ".join(SMOKE))
+    parser.add_argument("--install-jobs", type=int, default=3, help="parallel installs (default 3)")
+    parser.add_argument("--results", default=DEFAULT_RESULTS, help="results folder (default results/)")
+    args = parser.parse_args(argv)
+
+    targets_mod = load_targets()
+    known = list(targets_mod.TARGETS)
+    if args.targets:
+        names = [n.strip() for n in args.targets.split(",") if n.strip()]
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            print("unknown target(s): %s\nknown: %s" % (", ".join(unknown), ", ".join(known)), file=sys.stderr)
+            return 2
+    elif args.smoke:
+        names = [n for n in SMOKE if n in known]
+    else:
+        names = known
+    results = os.path.abspath(args.results)
+    os.makedirs(results, exist_ok=True)
+    started = time.time()
+
+    # 1. installs, in parallel (network and unpacking; stamps make re-runs instant)
+    installed, install_errors = {}, {}
+    print("installing %d target(s)..." % len(names), flush=True)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.install_jobs)) as pool:
+        futures = {pool.submit(targets_mod.install, name): name for name in names}
+        for future in concurrent.futures.as_completed(futures):
+            name = futures[future]
+            try:
+                installed[name] = str(future.result())
+            except Exception as exc:  # TargetError carries pip's stderr
+                install_errors[name] = "%s: %s" % (type(exc).__name__, exc)
+                print("INSTALL FAILED %s:\n%s" % (name, exc), flush=True)
+    install_seconds = time.time() - started
+
+    # 2-3. status and tests, one target at a time
+    rows = {}
+    for name in names:
+        row = {"target": name, "verdict": "fail", "pytest_exit": None, "error": None}
+        rows[name] = row
+        if name in install_errors:
+            row["error"] = "install failed: " + install_errors[name]
+            continue
+        path = installed[name]
+        row["path"] = path
+        summary_path = os.path.join(results, targets_mod.slug(name) + ".json")
+        if os.path.exists(summary_path):
+            os.remove(summary_path)
+        records, wrapt_version, error = status(path, name, results)
+        row["wrapt"] = wrapt_version
+        if records is not None:
+            present = [r for r in records if r["verdict"] not in ("not installed", "not in this release")]
+            row["status"] = [{k: r[k] for k in ("module", "method", "release", "verdict", "variant", "reason")}
+                             for r in present]
+            row["sites_patched"] = sum(1 for r in present if r["verdict"] == "patched")
+            row["sites_fixed_upstream"] = sum(1 for r in present if r["verdict"] == "fixed upstream")
+            row["sites_other"] = sum(1 for r in present if r["verdict"] not in ("patched", "fixed upstream"))
+        print("testing %s ..." % name, flush=True)
+        code, out, seconds = pytest_target(path, name, results)
+        with open(os.path.join(results, targets_mod.slug(name) + ".pytest.log"), "w") as handle:
+            handle.write(out)
+        row["pytest_exit"] = code
+        row["seconds"] = round(seconds, 1)
+        lines = out.strip().splitlines()
+        row["pytest_summary"] = lines[-1] if lines else ""
+        if os.path.exists(summary_path):
+            with open(summary_path) as handle:
+                row["summary"] = json.load(handle)
+        problems = []
+        if error:
+            problems.append(error)
+        if code == 5:
+            problems.append("pytest collected no tests (exit 5)")
+        elif code != 0:
+            problems.append("pytest exit %s:\n%s" % (code, "\n".join(lines[-60:])))
+        if "summary" not in row:
+            problems.append("no results summary written (%s)" % summary_path)
+        if row.get("sites_other"):
+            problems.append("status reports unprotected/skipped sites: %s" % [
+                r for r in row["status"] if r["verdict"] not in ("patched", "fixed upstream")])
+        if problems:
+            row["error"] = "\n".join(problems)
+        else:
+            row["verdict"] = "pass"
+        print("  %s %s in %.0fs: %s" % (name, row["verdict"], seconds, row["pytest_summary"]), flush=True)
+
+    wall = time.time() - started
+    report = render(names, rows)
+    print()
+    print(report)
+    failed = [n for n in names if rows[n]["verdict"] != "pass"]
+    print("\n%d target(s), %d passed, %d failed; wall time %.1f min (installs %.1f min)"
+          % (len(names), len(names) - len(failed), len(failed), wall / 60.0, install_seconds / 60.0))
+    for name in failed:
+        print("\nFAILED %s:\n%s" % (name, rows[name]["error"]))
+
+    matrix = {
+        "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "python": platform.python_version(),
+        "torch": torch_version(),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "wall_seconds": round(wall, 1),
+        "install_seconds": round(install_seconds, 1),
+        "targets": rows,
+        "order": names,
+    }
+    with open(os.path.join(results, "matrix.json"), "w") as handle:
+        json.dump(matrix, handle, indent=1, sort_keys=True)
+    print("\nwrote %s" % os.path.join(results, "matrix.json"))
+    return 1 if failed else 0
+
+
+def torch_version():
+    code, out, _ = run([sys.executable, "-c", "import torch; print(torch.__version__)"], dict(os.environ), 120)
+    return out.strip().splitlines()[-1] if code == 0 and out.strip() else None
+
+
+def render(names, rows):
+    header = ("target", "release", "sites patched/fixed", "verdict", "steps", "max div (shim)", "max div (no shim)")
+    table = [header]
+    for name in names:
+        row = rows[name]
+        summary = row.get("summary") or {}
+        releases = sorted({r["release"] for r in row.get("status", []) if r.get("release")})
+        sites = ("%d/%d" % (row["sites_patched"], row["sites_fixed_upstream"])) if "sites_patched" in row else "-"
+        table.append((
+            name,
+            ",".join(releases) or "-",
+            sites,
+            row["verdict"],
+            str(summary.get("steps_compared", "-")),
+            fmt(summary.get("max_divergence_with_shim")),
+            fmt(summary.get("max_divergence_without_shim")),
+        ))
+    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+    lines = []
+    for i, r in enumerate(table):
+        lines.append("  ".join(cell.ljust(widths[j]) for j, cell in enumerate(r)).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
