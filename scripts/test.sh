@@ -25,6 +25,12 @@ echo "== 2/3 release matrix (demo dependencies first: tests/target/test_demo.py 
 bash scripts/demo.sh --help >/dev/null || { echo "!! installing the demo dependencies failed"; status=1; }
 "$PY" scripts/matrix.py --results results "$@" || status=1
 
+echo "== benchmarks, smoke mode (checks they run; figures not meaningful: see README 'Cost')"
+"$PY" scripts/targets.py install "pytorch-lightning==1.8.6" >/dev/null || status=1
+for bench in bench_startup bench_import bench_step synccheck_overhead; do
+  "$PY" benchmarks/$bench.py --smoke > "results/$bench.txt" 2>&1 || { echo "!! benchmarks/$bench.py --smoke failed:"; tail -20 "results/$bench.txt"; status=1; }
+done
+
 echo "== 3/3 real torch_xla tier"
 if XLA_PY=$(bash scripts/xla_env.sh); then
   TPU_CLOSURE_FIX_XLA_PYTHON="$XLA_PY" pytest_step xla tests/xla
