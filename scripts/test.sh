@@ -25,8 +25,11 @@ echo "== 2/3 release matrix (demo dependencies first: tests/target/test_demo.py 
 bash scripts/demo.sh --help >/dev/null || { echo "!! installing the demo dependencies failed"; status=1; }
 "$PY" scripts/matrix.py --results results "$@" || status=1
 
-echo "== benchmarks, smoke mode (checks they run; figures not meaningful: see README 'Cost')"
+echo "== property tests against real Lightning (tests/unit/test_properties.py skips them without it)"
 "$PY" scripts/targets.py install "pytorch-lightning==1.8.6" >/dev/null || status=1
+PYTHONPATH=$("$PY" scripts/targets.py path "pytorch-lightning==1.8.6") pytest_step properties-pl186 tests/unit/test_properties.py
+
+echo "== benchmarks, smoke mode (checks they run; figures not meaningful: see README 'Cost')"
 for bench in bench_startup bench_import bench_step synccheck_overhead; do
   "$PY" benchmarks/$bench.py --smoke > "results/$bench.txt" 2>&1 || { echo "!! benchmarks/$bench.py --smoke failed:"; tail -20 "results/$bench.txt"; status=1; }
 done
