@@ -4,7 +4,8 @@
 #   2. the release matrix               (scripts/matrix.py: every target release x tests/target)
 #   3. the real-torch_xla graph tier    (tests/xla, torch_xla 2.1.0 in its own venv)
 # and ends with one closing line 'N passed, N failed, N skipped' over all of them.
-# Options are passed to scripts/matrix.py (e.g. --smoke, --targets A,B).
+# The matrix runs one target per call-site family by default (scripts/matrix.py --smoke);
+# `bash scripts/test.sh --full` runs all 21 targets; other options go to scripts/matrix.py (--targets A,B).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh || exit 1
@@ -23,7 +24,8 @@ pytest_step unit tests/unit
 
 echo "== 2/3 release matrix (demo dependencies first: tests/target/test_demo.py needs them)"
 bash scripts/demo.sh --help >/dev/null || { echo "!! installing the demo dependencies failed"; status=1; }
-"$PY" scripts/matrix.py --results results "$@" || status=1
+if [ "${1:-}" = "--full" ]; then shift; MATRIX_ARGS=("$@"); elif [ $# -gt 0 ]; then MATRIX_ARGS=("$@"); else MATRIX_ARGS=(--smoke); fi
+"$PY" scripts/matrix.py --results results "${MATRIX_ARGS[@]}" || status=1
 
 echo "== property tests against real Lightning (tests/unit/test_properties.py skips them without it)"
 "$PY" scripts/targets.py install "pytorch-lightning==1.8.6" >/dev/null || status=1
