@@ -87,17 +87,24 @@ def log():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def expected_patched(site):
+    """From Lightning's history (support/expectations.py), not from the shim's table."""
+    if site.startswith(("pytorch_lightning.", "lightning.pytorch.")):
+        return expectations.trainer_affected(TARGET)
+    return expectations.lite_affected(TARGET)  # Lite/Fabric: every release
+
+
 def test_lifecycle_one_layer_and_exact_restore(log):
-    assert log["before"], "the target has no affected call site?"
+    assert any(expected_patched(site) for site in log["before"]), "the target has no affected call site?"
     # With the wheel's .pth installed, Lightning was already patched on import ("before").
     unpatched = ("disable", "disable_twice") + (() if log["auto_enabled"] else ("before",))
     patched = ("import", "enable_twice", "reload_package", "enable_again") + (("before",) if log["auto_enabled"] else ())
-    for stage in unpatched:
+    for stage in unpatched + patched:
         for site, info in log[stage].items():
-            assert info == {"depth": 0, "is_original": True, "wraps_original": True}, (stage, site, info)
-    for stage in patched:
-        for site, info in log[stage].items():
-            assert info == {"depth": 1, "is_original": False, "wraps_original": True}, (stage, site, info)
+            if expected_patched(site) and stage in patched:
+                assert info == {"depth": 1, "is_original": False, "wraps_original": True}, (stage, site, info)
+            else:  # switched off, or fixed upstream: Lightning's own function object, untouched
+                assert info == {"depth": 0, "is_original": True, "wraps_original": True}, (stage, site, info)
 
 
 def test_status_records(log):
@@ -108,7 +115,7 @@ def test_status_records(log):
     dist, version = expectations.parse_target(TARGET)
     for site in log["enable_again"]:
         record = by_site[site]
-        assert record["verdict"] == "patched", record
+        assert record["verdict"] == ("patched" if expected_patched(site) else "fixed upstream"), record
         assert record["release"] == str(version), record
         assert record["variant"]
     if expectations.has_trainer(TARGET) and not expectations.trainer_affected(TARGET):
