@@ -68,12 +68,37 @@ def bind(names, args, kwargs):
     return values, extra
 
 
+def guarded(names, switch, body, precondition=None):
+    """Build the wrapt wrapper shared by every fix.
+
+    The original runs unchanged when the shim is switched off, when called on
+    the class rather than an instance, when ``precondition(kwargs)`` is false,
+    or when the call does not bind to ``names``; otherwise
+    ``body(wrapped, instance, values, extra)`` runs the fix.
+    """
+
+    def wrapper(wrapped, instance, args, kwargs):
+        if not switch.on or instance is None or (precondition is not None and not precondition(kwargs)):
+            return wrapped(*args, **kwargs)
+        try:
+            values, extra = bind(names, args, kwargs)
+        except _Unbindable:
+            return wrapped(*args, **kwargs)
+        return body(wrapped, args, kwargs, instance, values, extra)
+
+    return wrapper
+
+
 def _is_do_nothing_closure(closure):
     # PL 1.5-1.7 LightningLite passes ``_do_nothing_closure`` when the user
     # called ``optimizer.step()`` without a closure (gradients already exist).
     return getattr(closure, "__name__", None) in ("_do_nothing_closure", "do_nothing_closure") and str(
         getattr(closure, "__module__", "")
     ).startswith(("pytorch_lightning", "lightning"))
+
+
+def _has_closure(kwargs):
+    return kwargs.get("closure") is not None
 
 
 class Fix(object):
@@ -131,13 +156,7 @@ class TrainerClosureFix(Fix):
         returns_result = self.returns_result
         lite_path = self.lite_when_not_lightning_module
 
-        def trainer_closure_fix(wrapped, instance, args, kwargs):
-            if not switch.on or instance is None:
-                return wrapped(*args, **kwargs)
-            try:
-                values, extra = bind(names, args, kwargs)
-            except _Unbindable:
-                return wrapped(*args, **kwargs)
+        def trainer_closure_fix(wrapped, args, kwargs, instance, values, extra):
             model = values["model"]
             optimizer = values["optimizer"]
             closure = values["closure"]
@@ -156,7 +175,7 @@ class TrainerClosureFix(Fix):
                 raise error_type(message)
             return closure_result if returns_result else None
 
-        return trainer_closure_fix
+        return guarded(names, switch, trainer_closure_fix)
 
 
 class AcceleratorStepFix(Fix):
@@ -175,20 +194,14 @@ class AcceleratorStepFix(Fix):
     def prepare(self, site, original, switch):
         names = site.shape.params
 
-        def accelerator_step_fix(wrapped, instance, args, kwargs):
-            if not switch.on or instance is None:
-                return wrapped(*args, **kwargs)
-            try:
-                values, extra = bind(names, args, kwargs)
-            except _Unbindable:
-                return wrapped(*args, **kwargs)
+        def accelerator_step_fix(wrapped, args, kwargs, instance, values, extra):
             optimizer = values["optimizer"]
             xm = xla_model()
             optimizer.step(closure=partial(reduce_after, xm, optimizer, values["lambda_closure"]), **extra)
             xm.mark_step()
             return None
 
-        return accelerator_step_fix
+        return guarded(names, switch, accelerator_step_fix)
 
 
 class LiteClosureFix(Fix):
@@ -217,13 +230,7 @@ class LiteClosureFix(Fix):
         names = site.shape.params
         barrier = self.barrier
 
-        def lite_closure_fix(wrapped, instance, args, kwargs):
-            if not switch.on or instance is None or kwargs.get("closure") is None:
-                return wrapped(*args, **kwargs)
-            try:
-                values, extra = bind(names, args, kwargs)
-            except _Unbindable:
-                return wrapped(*args, **kwargs)
+        def lite_closure_fix(wrapped, args, kwargs, instance, values, extra):
             optimizer = values["optimizer"]
             closure = extra.pop("closure")
             xm = xla_model()
@@ -232,4 +239,4 @@ class LiteClosureFix(Fix):
                 xm.mark_step()
             return result
 
-        return lite_closure_fix
+        return guarded(names, switch, lite_closure_fix, precondition=_has_closure)
