@@ -271,9 +271,13 @@ def test_reload_of_the_call_site_module(tmp_path, wrapt_version):
     """Also the oldest supported wrapt (matrix target pytorch-lightning==1.8.6+wrapt-1.14.1): patched, no warning."""
     wrapt_dir = []
     if wrapt_version == "1.14.1":
-        wrapt_dir = [target_dir() + "+wrapt-1.14.1"]
-        if not os.path.isdir(wrapt_dir[0]):
-            pytest.skip("target pytorch-lightning==1.8.6+wrapt-1.14.1 not installed (scripts/targets.py)")
+        # the matrix target with the oldest supported wrapt: installed here if the run has not yet
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("_targets", os.path.join(REPO, "scripts", "targets.py"))
+        targets = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(targets)
+        wrapt_dir = [str(targets.install("pytorch-lightning==1.8.6+wrapt==1.14.1"))]
     out, stderr, warned = scenario(tmp_path, RELOAD, pythonpath=[REPO] + wrapt_dir + [target_dir()])
     if wrapt_version == "1.14.1":
         assert out["wrapt"] == "1.14.1"
