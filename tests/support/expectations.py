@@ -140,3 +140,22 @@ def bug_can_occur(target, name):
     if scenario["api"] == "trainer":
         return trainer_affected(target)
     return lite_affected(target)
+
+
+#: Event-order scenarios (tests/target/test_event_order.py), run in the same replica processes as the
+#: equivalence scenarios (one launch per target and shim mode).
+ORDER_TRAINER = {"name": "order-trainer", "api": "trainer", "optimizer": "sgd", "steps": 2}
+ORDER_LITE = [
+    {"name": "order-lite", "api": "lite", "optimizer": "sgd", "steps": 2},
+    {"name": "order-lbfgs", "api": "lite", "optimizer": "lbfgs", "steps": 2},
+    {"name": "order-lite-no-closure", "api": "lite", "optimizer": "sgd", "steps": 2, "closure": False},
+]
+
+
+def order_scenarios(target):
+    return ([ORDER_TRAINER] if has_trainer(target) else []) + (list(ORDER_LITE) if has_lite(target) else [])
+
+
+def all_replica_scenarios(target):
+    """Everything the replica processes run for ``target``: equivalence scenarios, then event-order ones."""
+    return scenarios(target) + order_scenarios(target)

@@ -96,3 +96,16 @@ def run_replicas(scenarios, shim, tmp_path, world=REPLICAS):
 def target():
     assert TARGET, "TPU_CLOSURE_FIX_TARGET is not set"
     return TARGET
+
+
+@pytest.fixture(scope="session")
+def replica_runs(tmp_path_factory):
+    """{shim: {rank: result}} for every replica scenario of the target, one launch per shim mode.
+
+    Shared by test_replicas.py and test_event_order.py so the 2 x 2 replica processes (each importing
+    Lightning) start once per target.
+    """
+    from support import expectations
+
+    scenarios = expectations.all_replica_scenarios(TARGET)
+    return {shim: run_replicas(scenarios, shim, tmp_path_factory.mktemp("replicas")) for shim in (True, False)}

@@ -7,20 +7,8 @@ under TPU_CLOSURE_FIX=0 that shows the bug, proving the check can fail.
 """
 import pytest
 
-from conftest import TARGET, run_replicas
+from conftest import TARGET
 from support import expectations
-
-TRAINER = {"name": "order-trainer", "api": "trainer", "optimizer": "sgd", "steps": 2}
-LITE = {"name": "order-lite", "api": "lite", "optimizer": "sgd", "steps": 2}
-LBFGS = {"name": "order-lbfgs", "api": "lite", "optimizer": "lbfgs", "steps": 2}
-LITE_NO_CLOSURE = {"name": "order-lite-no-closure", "api": "lite", "optimizer": "sgd", "steps": 2, "closure": False}
-
-SCENARIOS = []
-if expectations.has_trainer(TARGET):
-    SCENARIOS.append(TRAINER)
-if expectations.has_lite(TARGET):
-    SCENARIOS.extend([LITE, LBFGS, LITE_NO_CLOSURE])
-
 
 def only_if(applicable):
     """Define the test only where its API exists in the target (no skip entries for other targets);
@@ -31,11 +19,9 @@ def only_if(applicable):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    out = {}
-    for shim in (True, False):
-        out[shim] = run_replicas(SCENARIOS, shim, tmp_path_factory.mktemp("order"))[0]
-    return out
+def runs(replica_runs):
+    """Rank 0 of the shared replica run (conftest.replica_runs), per shim mode."""
+    return {shim: replica_runs[shim][0] for shim in (True, False)}
 
 
 def events(runs, shim, name):
