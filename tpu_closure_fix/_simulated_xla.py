@@ -1,18 +1,25 @@
-"""A CPU simulation of torch_xla's ``xla_model`` -- for ``tpu-closure-fix demo`` ONLY.
+"""A CPU simulation of torch_xla's ``xla_model`` (``torch_xla.core.xla_model``).
 
-The shim itself never imports or uses this module: on a real TPU it works with the
-real torch_xla. The demo has no TPU, so each of its replica processes (joined by
-``torch.distributed`` over gloo) puts this module where ``import
-torch_xla.core.xla_model`` finds it, after Lightning was imported. It does what
-torch_xla's documented ``xla_model`` functions do for data parallelism:
+Used where there is no TPU: by ``tpu-closure-fix demo`` and, through
+``tests/support/xla_standin.py``, as the test suite's one test double. The shim
+itself never imports it: on a TPU it works with the real torch_xla. Each
+replica is a process joined by ``torch.distributed`` (gloo); after Lightning
+was imported, :func:`install` puts this module where ``import
+torch_xla.core.xla_model`` finds it. It does what torch_xla's documented
+``xla_model`` functions do for data parallelism (torch_xla 2.1.0):
 
-* ``reduce_gradients(optimizer)``: mean all-reduce of every existing ``.grad`` of
-  the optimizer's parameters across replicas (world size > 1);
+* ``reduce_gradients(optimizer)``: mean all-reduce (sum, then scale by
+  1/world size) of every existing ``.grad`` of the optimizer's parameters
+  across replicas when the world size is > 1; nothing otherwise;
 * ``optimizer_step(optimizer, barrier=False, optimizer_args={})``:
   ``reduce_gradients`` first, then ``optimizer.step(**optimizer_args)``, then
   ``mark_step()`` if ``barrier`` -- the order that makes Lightning's closure bug;
 * ``all_reduce(reduce_type, inputs, scale=1.0)``, ``mark_step()`` (nothing to
   cut on CPU), ``xrt_world_size()`` / ``get_ordinal()`` / ``xla_device()`` (CPU).
+
+``recorder``, when set, is called as ``recorder(name, **info)`` for
+``reduce_gradients`` (with how many gradients existed) and ``mark_step``: the
+tests assert the order of events with it.
 """
 import sys
 import types
@@ -25,6 +32,17 @@ REDUCE_MIN = "min"
 REDUCE_MAX = "max"
 
 _world = {"size": 1, "ordinal": 0}
+recorder = None
+
+
+def _record(name, **info):
+    if recorder is not None:
+        recorder(name, **info)
+
+
+def configure(world_size=1, ordinal=0):
+    """Set the simulated world (size and this replica's ordinal)."""
+    _world.update(size=world_size, ordinal=ordinal)
 
 
 def xrt_world_size(defval=1):
@@ -53,7 +71,7 @@ def xla_device(n=None, devkind=None):
 
 
 def mark_step(wait=False):
-    pass
+    _record("mark_step")
 
 
 def _gradients(optimizer):
@@ -61,11 +79,14 @@ def _gradients(optimizer):
 
 
 def reduce_gradients(optimizer, groups=None, pin_layout=True):
-    if xrt_world_size() <= 1:
+    gradients = _gradients(optimizer)
+    _record("reduce_gradients", grads=len(gradients),
+            params=sum(len(group["params"]) for group in optimizer.param_groups))
+    if xrt_world_size() <= 1 or not gradients:
         return
     import torch.distributed as dist
 
-    for grad in _gradients(optimizer):
+    for grad in gradients:
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
         grad.mul_(1.0 / xrt_world_size())
 
@@ -92,9 +113,10 @@ def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True):
     return inputs
 
 
-def install(world_size=1, ordinal=0):
+def install(world_size=None, ordinal=None):
     """Make ``import torch_xla.core.xla_model`` return this module in this process; returns it."""
-    _world.update(size=world_size, ordinal=ordinal)
+    if world_size is not None:
+        configure(world_size, ordinal or 0)
     me = sys.modules[__name__]
     torch_xla = sys.modules.get("torch_xla") or types.ModuleType("torch_xla")
     core = sys.modules.get("torch_xla.core") or types.ModuleType("torch_xla.core")
@@ -102,7 +124,7 @@ def install(world_size=1, ordinal=0):
     core.__path__ = []
     torch_xla.core = core
     core.xla_model = me
-    torch_xla.__simulated__ = "tpu_closure_fix._simulated_xla (CPU simulation for the demo)"
+    torch_xla.__simulated__ = "tpu_closure_fix._simulated_xla (CPU simulation of torch_xla)"
     sys.modules["torch_xla"] = torch_xla
     sys.modules["torch_xla.core"] = core
     sys.modules["torch_xla.core.xla_model"] = me

@@ -20,43 +20,23 @@ import json
 import os
 import subprocess
 import sys
-import types
 
 EVENTS = []
 
 
-def _recording_xla_model():
-    xm = types.ModuleType("torch_xla.core.xla_model")
-    xm.__doc__ = "Recording stand-in for torch_xla's xla_model (tpu-closure-fix self-test only)."
-
-    def reduce_gradients(optimizer, groups=None, pin_layout=True):
-        grads = sum(1 for g in optimizer.param_groups for p in g["params"] if p.grad is not None)
-        EVENTS.append("reduce_gradients" if grads else "reduce_gradients(no grads)")
-
-    def optimizer_step(optimizer, barrier=False, optimizer_args={}, groups=None, pin_layout=True):
-        reduce_gradients(optimizer)
-        loss = optimizer.step(**optimizer_args)
-        if barrier:
-            mark_step()
-        return loss
-
-    def mark_step(wait=False):
-        EVENTS.append("mark_step")
-
-    xm.reduce_gradients = reduce_gradients
-    xm.optimizer_step = optimizer_step
-    xm.mark_step = mark_step
-    xm.xrt_world_size = lambda defval=1: 1
-    xm.get_ordinal = lambda defval=0: 0
-    return xm
+def _record(name, **info):
+    if name == "reduce_gradients" and not info.get("grads"):
+        name = "reduce_gradients(no grads)"
+    EVENTS.append(name)
 
 
-def _install(xm):
-    torch_xla = types.ModuleType("torch_xla")
-    core = types.ModuleType("torch_xla.core")
-    torch_xla.__path__, core.__path__ = [], []
-    torch_xla.core, core.xla_model = core, xm
-    sys.modules.update({"torch_xla": torch_xla, "torch_xla.core": core, "torch_xla.core.xla_model": xm})
+def _install_recording_xla_model():
+    """The package's CPU simulation of torch_xla (world size 1) with an event recorder, in this child only."""
+    from . import _simulated_xla
+
+    _simulated_xla.configure(1, 0)
+    _simulated_xla.recorder = _record
+    return _simulated_xla.install()
 
 
 def verdict(events):
@@ -156,8 +136,7 @@ def child():
 
     report.import_installed_sites()
     records = [r for r in tpu_closure_fix.status() if r["verdict"] in ("patched", "fixed upstream", "disabled")]
-    xm = _recording_xla_model()
-    _install(xm)
+    xm = _install_recording_xla_model()
     results = []
     for record in records:
         rows = [s for s in sites.CALL_SITES if s.module == record["module"] and s.qualname == record["method"]]

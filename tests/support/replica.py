@@ -180,24 +180,7 @@ def main(argv=None):
 
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=args.rank,
                                 world_size=args.world)
-
-        def collective(tensors):
-            for t in tensors:
-                dist.all_reduce(t, op=dist.ReduceOp.SUM)
-                t.mul_(1.0 / args.world)
-
-        def all_reduce(reduce_type, inputs, scale):
-            op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[reduce_type]
-            tensors = inputs if isinstance(inputs, list) else [inputs]
-            for t in tensors:
-                dist.all_reduce(t, op=op)
-                if scale != 1.0:
-                    t.mul_(scale)
-            return inputs
-
-        xm.configure(args.world, args.rank, collective, all_reduce)
-    else:
-        xm.configure(1, 0)
+    xm.configure(args.world, args.rank)
 
     api.import_lightning()  # Lightning first, as a user's script would ...
     xm.install()            # ... then the stand-in takes torch_xla's place
