@@ -119,7 +119,8 @@ def evidence(site, name, target):
         return "%s: **FAIL**" % label
     if not scenarios:
         return "%s: status `%s`" % (label, hits[0].get("verdict"))
-    short = ", ".join(s.split("-", 1)[1] for s in scenarios)
+    apis = {s.split("-", 1)[0] for s in scenarios}
+    short = ", ".join(s if len(apis) > 1 else s.split("-", 1)[1] for s in scenarios)
     affected = [s for s in scenarios if (details.get(s) or {}).get("bug_can_occur")]
     text = "%s: %s" % (label, short)
     if affected:
