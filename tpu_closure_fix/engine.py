@@ -122,7 +122,13 @@ def examine(key, module=None):
     site = next((row for row in rows if in_range(release, row.releases)), None)
     if site is None:
         if any(in_range(release, row.releases) for row in _sites.CALL_SITES if row.package == package):
-            return Finding(ABSENT, "", None, release, None)
+            if not _has_buggy_shape(module, qualname, rows):
+                return Finding(ABSENT, "", None, release, None)
+            # Another site of this package knows the release, but this method still holds the buggy call:
+            # never guessed at, and never hidden as "not in this release".
+            return Finding(SKIPPED, "unknown release %s for this site (known: %s), whose code still has the "
+                                    "buggy call; left untouched"
+                           % (release, ", ".join(row.releases for row in rows)), None, release, None)
         return Finding(SKIPPED, "unknown release %s of %s (known: %s); left untouched"
                        % (release, package, _describe_ranges(package)), None, release, None)
     class_name, attr = qualname.rsplit(".", 1)
@@ -148,6 +154,14 @@ def examine(key, module=None):
     if not _state.enabled:
         return Finding(DISABLED, _state.disabled_reason, site, release, None)
     return Finding(PATCHABLE, "", site, release, (cls, attr, current))
+
+
+def _has_buggy_shape(module, qualname, rows):
+    class_name, attr = qualname.rsplit(".", 1)
+    function = vars(getattr(module, class_name, None) or object).get(attr)
+    if function is None or is_ours(function):
+        return False
+    return any(row.fix is not None and row.shape.check(function).ok for row in rows)
 
 
 def _examine_inherited(site, release, cls, attr):

@@ -147,3 +147,53 @@ def test_cli_table_via_console_script():
     proc = subprocess.run(args, env=child_env(True), capture_output=True, text=True, timeout=300, cwd=TESTS)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "patched" in proc.stdout and "OK:" in proc.stdout
+
+
+UNKNOWN_RELEASE = textwrap.dedent(
+    """
+    import importlib, json, sys, warnings
+    warnings.simplefilter("ignore")
+    SITES = %r
+    loaded = []
+    for module_name, qualname in SITES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        cls = getattr(module, qualname.split(".")[0], None)
+        if cls is not None and qualname.split(".")[1] in vars(cls):
+            loaded.append((module_name, qualname, vars(cls)[qualname.split(".")[1]]))
+    # A release newer than any row (what a user gets after upgrading Lightning past the table):
+    for top in ("pytorch_lightning", "lightning", "lightning_lite", "lightning_fabric"):
+        if top in sys.modules:
+            sys.modules[top].__version__ = "99.0.0"
+    import os
+    os.environ["TPU_CLOSURE_FIX"] = "1"  # the parent set 0 to keep the .pth auto-enable out of the way so far
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        import tpu_closure_fix
+        tpu_closure_fix.enable()
+    untouched = all(vars(getattr(importlib.import_module(m), q.split(".")[0]))[q.split(".")[1]] is f
+                    for m, q, f in loaded)
+    print(json.dumps({"untouched": untouched, "loaded": len(loaded), "status": tpu_closure_fix.status(),
+                      "warnings": [str(w.message) for w in seen if w.category.__name__ == "TPUClosureFixWarning"]}))
+    """
+)
+
+
+def test_unknown_release_is_left_untouched_and_reported():
+    from tpu_closure_fix import sites
+
+    keys = sorted({(s.module, s.qualname) for s in sites.CALL_SITES if s.fix is not None})
+    env = child_env(True)
+    env["TPU_CLOSURE_FIX"] = "0"  # keep the .pth auto-enable out of the way until the version is changed
+    code = UNKNOWN_RELEASE % (keys,)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=TESTS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["loaded"] and out["untouched"], out
+    skipped = [r for r in out["status"] if r["verdict"] == "skipped"]
+    assert skipped and all("unknown release 99.0.0" in r["reason"] for r in skipped), out["status"]
+    assert not [r for r in out["status"] if r["verdict"] == "patched"]
+    assert out["warnings"] and all("unknown release 99.0.0" in w for w in out["warnings"])
