@@ -211,13 +211,16 @@ def test_call_sites_wrapped_only_where_affected(runs):
 
 
 # --------------------------------------------------------------------------- scenario specifics
-def _need(name):
-    if name not in NAMES:
-        pytest.skip("%s: %s" % (name, expectations.not_applicable(TARGET)[name]))
+def for_scenario(name):
+    """Define a scenario-specific test only where the scenario applies to the target (no skip entries);
+    where it does not, expectations.not_applicable(TARGET) says why (checked above)."""
+    def decorate(test):
+        return test if name in NAMES else None
+    return decorate
 
 
+@for_scenario("trainer-accumulate")
 def test_accumulation_reduces_exactly_once_per_stepping_batch(runs):
-    _need("trainer-accumulate")
     scenario = BY_NAME["trainer-accumulate"]
     evs = event_names(runs, True, "trainer-accumulate")
     assert evs.count("reduce_gradients") == scenario["steps"]
@@ -232,9 +235,9 @@ def test_accumulation_reduces_exactly_once_per_stepping_batch(runs):
             backwards = 0
 
 
+@for_scenario("trainer-adam-clip")
 def test_clipping_acts_on_reduced_gradients(runs):
     """With the shim, clipping by norm sees the averaged gradients (PL >= 1.5)."""
-    _need("trainer-adam-clip")
     from support import replica
 
     scenario = BY_NAME["trainer-adam-clip"]
@@ -249,8 +252,8 @@ def test_clipping_acts_on_reduced_gradients(runs):
         assert got == on_reduced
 
 
+@for_scenario("lite-lbfgs")
 def test_lbfgs_reduces_after_every_closure_evaluation(runs):
-    _need("lite-lbfgs")
     evs = event_names(runs, True, "lite-lbfgs")
     assert evs.count("backward") > BY_NAME["lite-lbfgs"]["steps"]
     assert evs.count("reduce_gradients") == evs.count("backward")
