@@ -143,8 +143,7 @@ def child():
         if not rows or rows[0].inherits:
             continue
         module = importlib.import_module(record["module"])
-        if hasattr(module, "xm"):
-            module.xm = xm
+        module.xm = xm  # where Lightning binds torch_xla at module level (1.2-1.7); unused by later releases
         cls = getattr(module, record["method"].split(".")[0])
         del EVENTS[:]
         try:

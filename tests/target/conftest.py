@@ -36,6 +36,10 @@ ONLY_ON = {
     "test_synccheck.py": ("pytorch-lightning==1.5.10", "pytorch-lightning==1.8.6", "lightning==2.6.6",
                           "lightning-fabric==2.6.6"),
     "test_demo.py": ("pytorch-lightning==1.8.6",),
+    # one target per call-site family: accelerator, Trainer plugin + Lite, fixed Trainer + Fabric XLAPrecision
+    "test_check.py": ("pytorch-lightning==1.4.9", "pytorch-lightning==1.5.10", "pytorch-lightning==1.8.6",
+                      "pytorch-lightning==2.6.6",
+                      "lightning-fabric==2.6.6"),
 }
 
 
