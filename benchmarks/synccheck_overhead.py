@@ -28,14 +28,8 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _quantiles(values):
-    values = sorted(values)
-    if len(values) < 4:
-        return values[0], values[-1]
-    q = statistics.quantiles(values, n=4)
-    return q[0], q[2]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _stats import quartiles  # noqa: E402
 
 
 def worker(rank, world, port, cfg):
@@ -101,7 +95,7 @@ def worker(rank, world, port, cfg):
         "tensors": len(list(model.parameters())),
         "every": every, "reps": cfg["reps"], "batch": cfg["batch"], "width": width, "world": world,
         "paired_overhead_median": statistics.median(ratios),
-        "paired_overhead_iqr": _quantiles(ratios),
+        "paired_overhead_iqr": quartiles(ratios),
         "block_plain_median_s": statistics.median(plain_times),
         "block_check_median_s": statistics.median(check_times),
         "step_median_s": statistics.median(step_times),
