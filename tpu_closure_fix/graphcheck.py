@@ -572,6 +572,19 @@ class _Box:
     loss = None
 
 
+def _record_optimizer_steps(optimizer: Any) -> Any:
+    """Record every ``optimizer.step`` call in the traced replica's event log (an instance attribute);
+    returns the original bound ``step`` so the caller can put it back."""
+    orig_step = optimizer.step
+
+    def traced_step(*args: Any, **kwargs: Any) -> Any:
+        _events().append("optimizer.step")
+        return orig_step(*args, **kwargs)
+
+    optimizer.step = traced_step
+    return orig_step
+
+
 def _trace_trainer(ordinal: int) -> Dict[str, Any]:
     import inspect
 
@@ -664,13 +677,7 @@ def _trace_trainer(ordinal: int) -> Dict[str, Any]:
     closure = Closure(step_fn=step_fn, backward_fn=backward_fn, zero_grad_fn=zero_grad_fn)
     route.append("LightningModule.optimizer_step -> LightningOptimizer.step -> Strategy.optimizer_step -> "
                  f"{cls.__name__}.optimizer_step")
-    orig_step = optimizer.step
-
-    def traced_step(*args: Any, **kwargs: Any) -> Any:
-        _events().append("optimizer.step")
-        return orig_step(*args, **kwargs)
-
-    optimizer.step = traced_step
+    orig_step = _record_optimizer_steps(optimizer)
     _tls.tracing, _tls.events, _tls.traced = True, [], True
     try:
         osig = inspect.signature(model.optimizer_step).parameters
@@ -730,13 +737,7 @@ def _trace_lite(ordinal: int) -> Dict[str, Any]:
             else loss.backward()
         return loss
 
-    orig_step = optimizer.step
-
-    def traced_step(*args: Any, **kwargs: Any) -> Any:
-        _events().append("optimizer.step")
-        return orig_step(*args, **kwargs)
-
-    optimizer.step = traced_step
+    orig_step = _record_optimizer_steps(optimizer)
     _tls.tracing, _tls.events, _tls.traced = True, [], True
     try:
         lite_opt.step(closure)
