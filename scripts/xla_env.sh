@@ -11,6 +11,14 @@
 # repo on PYTHONPATH).  Idempotent: the heavy part is skipped when the stamp file
 # matches.  All progress goes to stderr; stdout is exactly one line, the interpreter:
 #   XLA_PY=$(bash scripts/xla_env.sh)   ->   <DIR>/bin/python
+#
+# Disk: the finished venv takes about 5.1 GB.  To keep the peak close to that, the
+# packages are resolved once (pip --dry-run --report) and then installed in stages,
+# the large CUDA/torch wheels one pip call each (a downloaded wheel is freed when its
+# call ends), never through pip's cache (--no-cache-dir).  Before building, the free
+# space of DIR's file system is checked against XLA_ENV_NEED_GB (default 6); too
+# little is an error that names both figures.  A venv this script created and could
+# not finish is deleted again, so a failed build leaves no gigabytes behind.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,9 +45,17 @@ SUPPORT_PINS=(
   "typing_extensions"
   "wrapt"
 )
-SPEC="v1 ${TORCH_PINS[*]} | ${NODEPS_PINS[*]} | ${SUPPORT_PINS[*]}"
+SPEC="v2 ${TORCH_PINS[*]} | ${NODEPS_PINS[*]} | ${SUPPORT_PINS[*]}"
+
+NEED_GB="${XLA_ENV_NEED_GB:-6}"
 
 log() { echo "[xla_env] $*" >&2; }
+
+free_gb() {  # free space, in GB, of the file system that holds $1 (or its nearest existing parent)
+  local path=$1
+  while [[ ! -e "$path" ]]; do path=$(dirname "$path"); done
+  df -Pk "$path" | awk 'NR==2 {printf "%.1f", $4 / 1048576}'
+}
 
 check_imports() {
   "$DIR/bin/python" - <<'PY'
@@ -61,23 +77,66 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$SPEC" && -x "$DIR/bin/python" ]] && 
 else
   start=$(date +%s)
   rm -f "$STAMP"
+  created=0
   if [[ ! -x "$DIR/bin/python" ]]; then
+    free=$(free_gb "$DIR")
+    log "free disk for $DIR: ${free} GB (needs about ${NEED_GB} GB: XLA_ENV_NEED_GB)"
+    if awk -v f="$free" -v n="$NEED_GB" 'BEGIN { exit !(f < n) }'; then
+      log "ERROR: not enough disk to build the torch_xla environment: ${free} GB free where $DIR would go," \
+          "about ${NEED_GB} GB needed (torch 2.1.0 with its CUDA libraries, torch_xla 2.1.0)." \
+          "Free some space, or give another folder: bash scripts/xla_env.sh /bigger/disk/xla-venv"
+      exit 1
+    fi
     log "creating venv $DIR with $("$PY_BOOT" --version 2>&1)"
     mkdir -p "$(dirname "$DIR")"
     "$PY_BOOT" -m venv "$DIR" >&2
+    created=1
   fi
-  PIP=("$DIR/bin/python" -m pip --disable-pip-version-check)
+  cleanup_failed_build() {
+    if [[ $created == 1 ]]; then
+      log "build failed: deleting the unfinished venv $DIR (free disk now: $(free_gb "$DIR") GB)"
+      rm -rf "$DIR"
+    fi
+  }
+  trap cleanup_failed_build ERR
+  PIP=("$DIR/bin/python" -m pip --disable-pip-version-check --no-cache-dir)
   export PIP_NO_INPUT=1
-  log "installing ${TORCH_PINS[*]} (large download, ~5 GB)"
-  "${PIP[@]}" install "${TORCH_PINS[@]}" >&2
-  log "installing support packages: ${SUPPORT_PINS[*]}"
+  REPORT="$DIR/.pip-report.json"
+  log "resolving ${TORCH_PINS[*]} ${SUPPORT_PINS[*]}"
+  "${PIP[@]}" install --dry-run --quiet --report "$REPORT" "${TORCH_PINS[@]}" "${SUPPORT_PINS[@]}" >&2
+  # name==version of everything pip would install; the large wheels first, one pip call each
+  mapfile -t LARGE < <("$DIR/bin/python" - "$REPORT" <<'PY'
+import json, re, sys
+items = json.load(open(sys.argv[1]))["install"]
+pins = ["%s==%s" % (i["metadata"]["name"], i["metadata"]["version"]) for i in items]
+large = re.compile(r"^(nvidia-|torch==|torch[-_]xla==|triton==)", re.I)
+print("\n".join([p for p in pins if large.match(p)] + ["--rest"] + [p for p in pins if not large.match(p)]))
+PY
+)
+  REST=() split=0
+  for i in "${!LARGE[@]}"; do
+    if [[ "${LARGE[$i]}" == --rest ]]; then REST=("${LARGE[@]:$((i + 1))}"); LARGE=("${LARGE[@]:0:$i}"); split=1; break; fi
+  done
+  if [[ $split == 0 || ${#LARGE[@]} == 0 ]]; then
+    log "ERROR: could not read the install plan from $REPORT"; false
+  fi
+  log "installing ${#LARGE[@]} large packages one at a time (free disk: $(free_gb "$DIR") GB)"
+  for pin in "${LARGE[@]}"; do
+    log "  $pin"
+    "${PIP[@]}" install --no-deps --quiet "$pin" >&2
+  done
+  log "installing ${#REST[@]} other packages (free disk: $(free_gb "$DIR") GB)"
+  [[ ${#REST[@]} == 0 ]] || "${PIP[@]}" install --no-deps --quiet "${REST[@]}" >&2
+  log "checking the resolution: ${TORCH_PINS[*]} ${SUPPORT_PINS[*]} (installs nothing when complete)"
   # keep torch's own pins intact: list torch again so the resolver cannot move it
-  "${PIP[@]}" install "${TORCH_PINS[@]}" "${SUPPORT_PINS[@]}" >&2
+  "${PIP[@]}" install --quiet "${TORCH_PINS[@]}" "${SUPPORT_PINS[@]}" >&2
+  rm -f "$REPORT"
   log "installing --no-deps: ${NODEPS_PINS[*]}"
-  "${PIP[@]}" install --no-deps "${NODEPS_PINS[@]}" >&2
+  "${PIP[@]}" install --no-deps --quiet "${NODEPS_PINS[@]}" >&2
   check_imports
+  trap - ERR
   echo "$SPEC" > "$STAMP"
-  log "built in $(( $(date +%s) - start )) s"
+  log "built in $(( $(date +%s) - start )) s; $(du -sh "$DIR" | cut -f1) on disk, $(free_gb "$DIR") GB left free"
 fi
 
 if [[ -f "$REPO/pyproject.toml" ]]; then
