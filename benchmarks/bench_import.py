@@ -42,7 +42,7 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true", help="2 pairs, for CI (figures not meaningful)")
     args = parser.parse_args(argv)
     if not os.path.isdir(TARGET):
-        sys.exit("install the target first: python scripts/targets.py pytorch-lightning==1.8.6")
+        sys.exit("install the target first: python scripts/targets.py install pytorch-lightning==1.8.6")
     pairs = 2 if args.smoke else args.pairs
     off, on = [], []
     for i in range(pairs + 1):

@@ -135,7 +135,7 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true", help="10 pairs x 100 calls, for CI (figures not meaningful)")
     args = parser.parse_args(argv)
     if not os.path.isdir(TARGET):
-        sys.exit("install the target first: python scripts/targets.py pytorch-lightning==1.8.6")
+        sys.exit("install the target first: python scripts/targets.py install pytorch-lightning==1.8.6")
     pairs, calls = (10, 100) if args.smoke else (args.pairs, args.calls)
     patched, upstream, shim = setup()
     patched(calls), upstream(calls)  # warm-up

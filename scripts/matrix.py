@@ -3,19 +3,23 @@
 
 Usage::
 
-    python scripts/matrix.py [--targets A,B] [--smoke] [--install-jobs N] [--results DIR]
+    python scripts/matrix.py [--targets A,B] [--smoke] [--install-jobs N] [--results DIR] [--prune]
 
-For each target (``scripts/targets.py list``):
+First the wheels of every target are fetched into the local wheel cache
+(scripts/targets.py ``fetch``, in parallel, ``--install-jobs``).  Then, one target at a time:
 
-1. install it with scripts/targets.py (installs run in parallel, ``--install-jobs``);
-   a target that cannot install FAILS, with pip's error;
+1. install it offline from the wheel cache (scripts/targets.py ``install``; the next
+   target's install overlaps this target's tests); a target that cannot fetch or
+   install FAILS, with pip's error;
 2. run ``tpu-closure-fix status --json`` under it (``python -m tpu_closure_fix``
    with the target folder on PYTHONPATH) and count the call sites it reports
    patched / fixed upstream;
 3. run ``python -m pytest tests/target -q`` with ``PYTHONPATH=<target dir>`` and
    ``TPU_CLOSURE_FIX_TARGET=<name>``; exit code 5 (no tests collected) is a failure.
    The tests write ``<results>/<slug>.json`` (steps compared, divergences...);
-   pytest's output goes to ``<results>/<slug>.pytest.log``.
+   pytest's output goes to ``<results>/<slug>.pytest.log``;
+4. with ``--prune``, delete the target's folder (its wheels stay cached), so the
+   matrix needs the disk of two targets instead of all 21 (about 2.3 GB).
 
 Then it prints one line per target and writes ``<results>/matrix.json``
 (default ``results/``, gitignored). Exit status 1 if any target failed.
@@ -116,6 +120,10 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true", help="one target per call-site family: %s" % ", ".join(SMOKE))
     parser.add_argument("--install-jobs", type=int, default=3, help="parallel installs (default 3)")
     parser.add_argument("--results", default=DEFAULT_RESULTS, help="results folder (default results/)")
+    parser.add_argument("--prune", action="store_true",
+                        help="delete each target's folder after its tests (its wheels stay cached): "
+                             "at most two target folders on disk at a time instead of all of them")
+    parser.add_argument("--no-prune", dest="prune", action="store_false", help="keep target folders (default)")
     args = parser.parse_args(argv)
 
     targets_mod = load_targets()
@@ -134,78 +142,66 @@ def main(argv=None):
     os.makedirs(results, exist_ok=True)
     started = time.time()
 
-    # 1. installs, in parallel (network and unpacking; stamps make re-runs instant)
-    installed, install_errors = {}, {}
-    print("installing %d target(s)..." % len(names), flush=True)
+    # 1. wheels, fetched in parallel (network; a target that cannot fetch FAILS with pip's error)
+    fetch_errors = {}
+    print("fetching the wheels of %d target(s)..." % len(names), flush=True)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.install_jobs)) as pool:
-        futures = {pool.submit(targets_mod.install, name): name for name in names}
+        futures = {pool.submit(targets_mod.fetch, name): name for name in names}
         for future in concurrent.futures.as_completed(futures):
             name = futures[future]
             try:
-                installed[name] = str(future.result())
+                future.result()
             except Exception as exc:  # TargetError carries pip's stderr
-                install_errors[name] = "%s: %s" % (type(exc).__name__, exc)
-                print("INSTALL FAILED %s:\n%s" % (name, exc), flush=True)
-    install_seconds = time.time() - started
+                fetch_errors[name] = "%s: %s" % (type(exc).__name__, exc)
+                print("FETCH FAILED %s:\n%s" % (name, exc), flush=True)
+    fetch_seconds = time.time() - started
+    install_seconds = 0.0
 
-    # 2-3. status and tests, one target at a time
+    # 2-4. install (offline, from the wheel cache; the next target's install overlaps this
+    # target's tests), status, tests, and with --prune delete the folder afterwards, so at
+    # most two target folders exist at a time
+    todo = [n for n in names if n not in fetch_errors]
+    installer = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    pending = {}
+
+    def schedule(index):
+        if index < len(todo):
+            pending[todo[index]] = installer.submit(timed_install, targets_mod, todo[index])
+
+    schedule(0)
     rows = {}
-    for name in names:
-        row = {"target": name, "verdict": "fail", "pytest_exit": None, "error": None}
-        rows[name] = row
-        if name in install_errors:
-            row["error"] = "install failed: " + install_errors[name]
-            continue
-        path = installed[name]
-        row["path"] = path
-        summary_path = os.path.join(results, targets_mod.slug(name) + ".json")
-        if os.path.exists(summary_path):
-            os.remove(summary_path)
-        records, wrapt_version, error = status(path, name, results)
-        row["wrapt"] = wrapt_version
-        if records is not None:
-            present = [r for r in records if r["verdict"] not in ("not installed", "not in this release")]
-            row["status"] = [{k: r[k] for k in ("module", "method", "release", "verdict", "variant", "reason")}
-                             for r in present]
-            row["sites_patched"] = sum(1 for r in present if r["verdict"] == "patched")
-            row["sites_fixed_upstream"] = sum(1 for r in present if r["verdict"] == "fixed upstream")
-            row["sites_other"] = sum(1 for r in present if r["verdict"] not in ("patched", "fixed upstream"))
-        print("testing %s ..." % name, flush=True)
-        code, out, seconds = pytest_target(path, name, results)
-        with open(os.path.join(results, targets_mod.slug(name) + ".pytest.log"), "w") as handle:
-            handle.write(out)
-        row["pytest_exit"] = code
-        row["seconds"] = round(seconds, 1)
-        lines = out.strip().splitlines()
-        row["pytest_summary"] = lines[-1] if lines else ""
-        if os.path.exists(summary_path):
-            with open(summary_path) as handle:
-                row["summary"] = json.load(handle)
-        problems = []
-        if error:
-            problems.append(error)
-        if code == 5:
-            problems.append("pytest collected no tests (exit 5)")
-        elif code != 0:
-            problems.append("pytest exit %s:\n%s" % (code, "\n".join(lines[-60:])))
-        if "summary" not in row:
-            problems.append("no results summary written (%s)" % summary_path)
-        if row.get("sites_other"):
-            problems.append("status reports unprotected/skipped sites: %s" % [
-                r for r in row["status"] if r["verdict"] not in ("patched", "fixed upstream")])
-        if problems:
-            row["error"] = "\n".join(problems)
-        else:
-            row["verdict"] = "pass"
-        print("  %s %s in %.0fs: %s" % (name, row["verdict"], seconds, row["pytest_summary"]), flush=True)
+    try:
+        for name in names:
+            row = {"target": name, "verdict": "fail", "pytest_exit": None, "error": None}
+            rows[name] = row
+            if name in fetch_errors:
+                row["error"] = "install failed: " + fetch_errors[name]
+                continue
+            try:
+                path, seconds = pending.pop(name).result()
+                install_seconds += seconds
+            except Exception as exc:  # TargetError carries pip's / the import check's stderr
+                row["error"] = "install failed: %s: %s" % (type(exc).__name__, exc)
+                print("INSTALL FAILED %s:\n%s" % (name, exc), flush=True)
+                schedule(todo.index(name) + 1)
+                continue
+            schedule(todo.index(name) + 1)
+            try:
+                test_target(targets_mod, name, path, row, results)
+            finally:
+                if args.prune:
+                    targets_mod.remove(name)
+    finally:
+        installer.shutdown(wait=True)
 
     wall = time.time() - started
     report = render(names, rows)
     print()
     print(report)
     failed = [n for n in names if rows[n]["verdict"] != "pass"]
-    print("\n%d target(s), %d passed, %d failed; wall time %.1f min (installs %.1f min)"
-          % (len(names), len(names) - len(failed), len(failed), wall / 60.0, install_seconds / 60.0))
+    print("\n%d target(s), %d passed, %d failed; wall time %.1f min (wheel fetch %.1f min; installs %.1f min,"
+          " overlapping the tests)" % (len(names), len(names) - len(failed), len(failed), wall / 60.0,
+                                       fetch_seconds / 60.0, install_seconds / 60.0))
     for name in failed:
         print("\nFAILED %s:\n%s" % (name, rows[name]["error"]))
 
@@ -215,7 +211,9 @@ def main(argv=None):
         "torch": torch_version(),
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "wall_seconds": round(wall, 1),
+        "fetch_seconds": round(fetch_seconds, 1),
         "install_seconds": round(install_seconds, 1),
+        "pruned": args.prune,
         "targets": rows,
         "order": names,
     }
@@ -223,6 +221,58 @@ def main(argv=None):
         json.dump(matrix, handle, indent=1, sort_keys=True)
     print("\nwrote %s" % os.path.join(results, "matrix.json"))
     return 1 if failed else 0
+
+
+def timed_install(targets_mod, name):
+    start = time.time()
+    path = str(targets_mod.install(name))
+    return path, time.time() - start
+
+
+def test_target(targets_mod, name, path, row, results):
+    """Status and tests of one installed target; fills ``row`` (verdict, error, summary...)."""
+    row["path"] = path
+    summary_path = os.path.join(results, targets_mod.slug(name) + ".json")
+    if os.path.exists(summary_path):
+        os.remove(summary_path)
+    records, wrapt_version, error = status(path, name, results)
+    row["wrapt"] = wrapt_version
+    if records is not None:
+        present = [r for r in records if r["verdict"] not in ("not installed", "not in this release")]
+        row["status"] = [{k: r[k] for k in ("module", "method", "release", "verdict", "variant", "reason")}
+                         for r in present]
+        row["sites_patched"] = sum(1 for r in present if r["verdict"] == "patched")
+        row["sites_fixed_upstream"] = sum(1 for r in present if r["verdict"] == "fixed upstream")
+        row["sites_other"] = sum(1 for r in present if r["verdict"] not in ("patched", "fixed upstream"))
+    print("testing %s ..." % name, flush=True)
+    code, out, seconds = pytest_target(path, name, results)
+    with open(os.path.join(results, targets_mod.slug(name) + ".pytest.log"), "w") as handle:
+        handle.write(out)
+    row["pytest_exit"] = code
+    row["seconds"] = round(seconds, 1)
+    lines = out.strip().splitlines()
+    row["pytest_summary"] = lines[-1] if lines else ""
+    if os.path.exists(summary_path):
+        with open(summary_path) as handle:
+            row["summary"] = json.load(handle)
+    problems = []
+    if error:
+        problems.append(error)
+    if code == 5:
+        problems.append("pytest collected no tests (exit 5)")
+    elif code != 0:
+        problems.append("pytest exit %s:\n%s" % (code, "\n".join(lines[-60:])))
+    if "summary" not in row:
+        problems.append("no results summary written (%s)" % summary_path)
+    if row.get("sites_other"):
+        problems.append("status reports unprotected/skipped sites: %s" % [
+            r for r in row["status"] if r["verdict"] not in ("patched", "fixed upstream")])
+    if problems:
+        row["error"] = "\n".join(problems)
+    else:
+        row["verdict"] = "pass"
+    print("  %s %s in %.0fs: %s" % (name, row["verdict"], seconds, row["pytest_summary"]), flush=True)
+
 
 
 def torch_version():

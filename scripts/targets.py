@@ -12,12 +12,19 @@ Usage::
     python scripts/targets.py list
     python scripts/targets.py install [NAME ...] [--root DIR] [--force]
     python scripts/targets.py path NAME [--root DIR]
+    python scripts/targets.py fetch [NAME ...]              # wheels only
+    python scripts/targets.py remove [NAME ...] [--root DIR]
     python scripts/targets.py train [NAME ...] [--root DIR]   # CPU smoke-train
 
 ``install`` without names installs every target.  The default root is
 ``.cache/targets`` under the repository.  A stamp file in each target folder
 holds a hash of the requirement list; a target whose stamp matches is not
 reinstalled.  Any pip failure or failed import check is an error (exit 1).
+
+Wheels are fetched once into a local wheel cache (``.cache/wheels``, or
+``$TPU_CLOSURE_FIX_WHEELS``) and targets are installed from it with
+``--no-index``, so a target folder can be deleted after use (``remove``,
+``matrix.py --prune``) and comes back without the network.
 
 Python 3.8+, standard library only.  See scripts/README.md for where the pins
 come from.
@@ -40,6 +47,11 @@ from typing import Dict, List, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = REPO / ".cache" / "targets"
+#: Local wheel cache shared by all targets (``$TPU_CLOSURE_FIX_WHEELS`` overrides).
+#: pip's own HTTP cache stores nothing on these machines (see scripts/README.md),
+#: so this folder is what makes a re-install, or a pruned target's next install,
+#: work without the network.
+DEFAULT_WHEELS = REPO / ".cache" / "wheels"
 STAMP_NAME = ".tpu-closure-fix-target.json"
 # Bump when the install procedure itself changes, to invalidate old stamps.
 STAMP_FORMAT = 1
@@ -345,11 +357,68 @@ def verify_imports(name: str, path: os.PathLike) -> None:
                           proc.stderr)
 
 
+def wheel_dir() -> Path:
+    return Path(os.environ.get("TPU_CLOSURE_FIX_WHEELS") or DEFAULT_WHEELS).resolve()
+
+
+def _fetch_stamp(name: str) -> Path:
+    return wheel_dir() / ".fetched" / (slug(name) + ".json")
+
+
+def is_fetched(name: str) -> bool:
+    try:
+        return json.loads(_fetch_stamp(name).read_text()).get("hash") == requirements_hash(name)
+    except (OSError, ValueError):
+        return False
+
+
+def fetch(name: str, force: bool = False) -> Path:
+    """Put a wheel for every pinned requirement of ``name`` into the wheel cache
+    and return the cache folder.
+
+    Runs ``pip wheel --no-deps`` into a private temporary folder, then moves each
+    wheel into the cache with an atomic rename, so parallel fetches of targets
+    sharing a wheel (numpy, tensorboard...) never expose a half-written file.  A
+    stamp per target makes a second fetch a no-op.  Raises TargetError with
+    pip's stderr when a requirement cannot be fetched."""
+    _check_name(name)
+    wheels = wheel_dir()
+    if not force and is_fetched(name):
+        return wheels
+    (wheels / ".fetched").mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".fetch-" + slug(name) + "-", dir=str(wheels)))
+    try:
+        cmd = [_python(), "-m", "pip", "wheel", "--no-deps", "--no-input", "--no-cache-dir",
+               "--disable-pip-version-check", "--wheel-dir", str(tmp)] + list(TARGETS[name])
+        proc = _run(cmd)
+        if proc.returncode != 0:
+            raise TargetError("pip could not fetch the wheels of target %s (exit %d): %s\n%s"
+                              % (name, proc.returncode, " ".join(cmd), proc.stderr),
+                              proc.stderr)
+        for wheel in tmp.iterdir():
+            os.replace(str(wheel), str(wheels / wheel.name))
+    finally:
+        shutil.rmtree(str(tmp), ignore_errors=True)
+    stamp = {"target": name, "hash": requirements_hash(name), "requirements": TARGETS[name]}
+    _fetch_stamp(name).write_text(json.dumps(stamp, indent=1) + "\n")
+    return wheels
+
+
+def remove(name: str, root: Optional[os.PathLike] = None) -> bool:
+    """Delete target ``name``'s folder (its wheels stay cached); True if it existed."""
+    dest = target_dir(name, root)
+    if not dest.exists():
+        return False
+    shutil.rmtree(str(dest))
+    return True
+
+
 def install(name: str, root: Optional[os.PathLike] = None, force: bool = False) -> Path:
     """Install target ``name`` into ``<root>/<slug>`` and return that folder.
 
     Skips the install when the folder's stamp matches the requirement list
-    (unless ``force``).  Installs into a temporary sibling folder first and
+    (unless ``force``).  Fetches the wheels first (``fetch``), then installs
+    them offline (``--no-index``) from the wheel cache into a temporary sibling folder first and
     renames it into place, so a failed or concurrent install never leaves a
     half-populated target behind.  Raises TargetError on pip failure (with pip's
     stderr) or when the installed target does not import."""
@@ -359,8 +428,10 @@ def install(name: str, root: Optional[os.PathLike] = None, force: bool = False) 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".tmp-", dir=str(dest.parent)))
     try:
-        cmd = [_python(), "-m", "pip", "install", "--no-deps", "--no-input",
+        wheels = fetch(name)
+        cmd = [_python(), "-m", "pip", "install", "--no-deps", "--no-input", "--no-cache-dir",
                "--disable-pip-version-check", "--no-warn-script-location", "--no-compile",
+               "--no-index", "--find-links", str(wheels),
                "--target", str(tmp)] + list(TARGETS[name])
         proc = _run(cmd)
         if proc.returncode != 0:
@@ -512,6 +583,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="try every target, then fail if any failed")
         if cmd == "install":
             sp.add_argument("--force", action="store_true", help="ignore stamps")
+    sp = sub.add_parser("fetch", help="fetch targets' wheels into the wheel cache (all if none named)")
+    sp.add_argument("names", nargs="*", metavar="NAME")
+    sp.add_argument("--keep-going", action="store_true", help="try every target, then fail if any failed")
+    sp.add_argument("--force", action="store_true", help="ignore stamps")
+    sp = sub.add_parser("remove", help="delete targets' folders; their wheels stay cached (all if none named)")
+    sp.add_argument("names", nargs="*", metavar="NAME")
+    sp.add_argument("--root", default=str(DEFAULT_ROOT))
     sp = sub.add_parser("path", help="print a target's folder")
     sp.add_argument("name", metavar="NAME")
     sp.add_argument("--root", default=str(DEFAULT_ROOT))
@@ -531,10 +609,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("error: %s" % e.args[0], file=sys.stderr)
         return 2
 
+    if args.cmd == "remove":
+        for n in args.names or list(TARGETS):
+            print("%s: %s" % (n, "removed" if remove(n, args.root) else "not installed"), flush=True)
+        return 0
     failed = []
     for n in args.names or list(TARGETS):
         try:
-            if args.cmd == "install":
+            if args.cmd == "fetch":
+                print("%s -> %s" % (n, fetch(n, force=args.force)), flush=True)
+            elif args.cmd == "install":
                 print("%s -> %s" % (n, install(n, args.root, force=args.force)), flush=True)
             else:
                 print("%s: %s" % (n, train(n, args.root)), flush=True)
