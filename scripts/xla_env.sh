@@ -48,6 +48,10 @@ SUPPORT_PINS=(
 SPEC="v2 ${TORCH_PINS[*]} | ${NODEPS_PINS[*]} | ${SUPPORT_PINS[*]}"
 
 NEED_GB="${XLA_ENV_NEED_GB:-6}"
+if [[ ! "$NEED_GB" =~ ^[0-9]+([.][0-9]+)?$ ]]; then
+  echo "[xla_env] ERROR: XLA_ENV_NEED_GB=$NEED_GB is not a number of GB (accepted: e.g. 6 or 5.5)" >&2
+  exit 2
+fi
 
 log() { echo "[xla_env] $*" >&2; }
 
