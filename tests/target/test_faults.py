@@ -74,8 +74,9 @@ PROBE = textwrap.dedent(
         return depth(vars(sys.modules[MODULE].TPUPrecisionPlugin).get("optimizer_step"))
 
 
-    def train(steps=2):
-        """Trainer.fit for ``steps`` optimizer steps; returns (trainer, model, stand-in events)."""
+    def train(steps=2, subclass=False):
+        """Trainer.fit for ``steps`` optimizer steps (no fit for 0; a Trainer subclass if asked);
+        returns (trainer, model, stand-in events)."""
         import torch
 
         pl, module = lightning()
@@ -95,12 +96,17 @@ PROBE = textwrap.dedent(
             def configure_optimizers(self):
                 return torch.optim.SGD(self.parameters(), lr=0.1)
 
+        class UserTrainer(pl.Trainer):
+            pass
+
         model = Model()
-        trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                             num_sanity_val_steps=0, plugins=[module.TPUPrecisionPlugin()])
+        trainer_class = UserTrainer if subclass else pl.Trainer
+        trainer = trainer_class(max_steps=max(steps, 1), accelerator="cpu", devices=1, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                                num_sanity_val_steps=0, plugins=[module.TPUPrecisionPlugin()])
         xm.clear()
-        trainer.fit(model, train_dataloaders=torch.utils.data.DataLoader(torch.randn(2 * steps, 2), batch_size=2))
+        if steps:
+            trainer.fit(model, train_dataloaders=torch.utils.data.DataLoader(torch.randn(2 * steps, 2), batch_size=2))
         return trainer, model, xm.names()
 
 
@@ -357,6 +363,32 @@ def test_enable_after_a_trainer_stepped(tmp_path):
     assert out["depth"] == 1 and out["next_step"] == ["closure", "reduce_gradients", "mark_step"]
     assert by_method(out["status"])["TPUPrecisionPlugin.optimizer_step"]["verdict"] == "patched"
     assert len(warned) == 1 and "already taken 2 optimizer step" in warned[0], stderr[-3000:]
+
+
+LATE_ANY_TRAINER = textwrap.dedent(
+    """
+    import tcf_probe as p
+    trainer, model, events = p.train(STEPS, subclass=SUBCLASS)
+    import tpu_closure_fix
+    tpu_closure_fix.enable()
+    p.emit(global_step=trainer.global_step, events=events, depth=p.site_depth(), status=p.site_status())
+    """
+)
+
+
+@pytest.mark.parametrize("steps, subclass", [(2, True), (0, False)], ids=["trainer-subclass-stepped", "not-stepped"])
+def test_enable_late_warns_only_after_steps(tmp_path, steps, subclass):
+    # The late-enable check finds Trainer instances through their class (gc.get_referrers), subclasses
+    # included; a Trainer that has not stepped yet is no reason to warn.
+    code = LATE_ANY_TRAINER.replace("STEPS", str(steps)).replace("SUBCLASS", str(subclass))
+    out, stderr, warned = scenario(tmp_path, code, env={"TPU_CLOSURE_FIX": "0"})
+    assert out["global_step"] == steps and out["events"] == BUGGY * steps
+    assert out["depth"] == 1
+    assert by_method(out["status"])["TPUPrecisionPlugin.optimizer_step"]["verdict"] == "patched"
+    if steps:
+        assert len(warned) == 1 and "already taken %d optimizer step" % steps in warned[0], stderr[-3000:]
+    else:
+        assert warned == [], stderr[-3000:]
 
 
 def test_read_only_site_packages():
