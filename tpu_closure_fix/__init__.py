@@ -10,11 +10,28 @@ Public API: :func:`enable`, :func:`disable`, :func:`status`, :func:`is_enabled`,
 from .__about__ import __version__
 from .config import ENV_VAR, TPUClosureFixWarning
 from .engine import disable, enable, is_enabled
-from .report import status
-from .synccheck import SyncCheck, check_sync  # stdlib-only module: no torch/Lightning import
 
 __all__ = ["__version__", "ENV_VAR", "TPUClosureFixWarning", "enable", "disable", "is_enabled", "status",
            "SyncCheck", "check_sync"]
+
+#: Public names loaded on first use (PEP 562): the auto-enable imports this package in
+#: every process that imports Lightning, and these are not needed to patch (about 3.5 ms
+#: of module import, benchmarks/bench_import.py).
+_LAZY = {"status": "report", "SyncCheck": "synccheck", "check_sync": "synccheck"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module("." + _LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
 
 from . import activation as _activation  # noqa: E402
 
