@@ -7,7 +7,7 @@ alternates between pairs), timing the whole process from the parent; then
 ``-X importtime`` gives the in-process share of the startup module (cumulative
 import time, which includes install()). Goal: <= 1 ms added.
 
-    python benchmarks/bench_startup.py            # 30 pairs (after 3 warm-up pairs)
+    python benchmarks/bench_startup.py            # 100 pairs (after 3 warm-up pairs)
     python benchmarks/bench_startup.py --smoke    # 5 pairs, a few seconds (CI)
 """
 import argparse
@@ -48,7 +48,7 @@ def once(python, env):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=30)
+    parser.add_argument("--pairs", type=int, default=100)
     parser.add_argument("--smoke", action="store_true", help="5 pairs, for CI (figures not meaningful)")
     args = parser.parse_args(argv)
     pairs = 5 if args.smoke else args.pairs
