@@ -6,9 +6,9 @@
 # and ends with one closing line 'N passed, N failed, N skipped' over all of them.
 # The matrix runs all 21 targets (about 20 min on 2 cores); options go to scripts/matrix.py
 # (`--smoke`: one target per call-site family; `--targets A,B`; `--no-prune` keeps every
-# target folder, about 2.3 GB, instead of deleting each after its tests: its wheels stay
+# target folder, about 2.3 GiB, instead of deleting each after its tests: its wheels stay
 # cached in .cache/wheels either way).  Free disk is printed before each stage; the whole
-# run peaks at about 7 GB under .cache/ (5.1 GB of it the torch_xla venv).
+# run peaks at about 7 GiB under .cache/ (5.1 GiB of it the torch_xla venv).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh || exit 1

@@ -4,7 +4,7 @@
 #   scripts/xla_env.sh [DIR]      (default: <repo>/.cache/xla-venv)
 #
 # Creates a venv with torch==2.1.0 + torch_xla==2.1.0 from PyPI (the CUDA build of
-# torch comes along, ~5 GB; it still runs on the CPU), pytorch-lightning 1.8.6
+# torch comes along, ~5 GiB; it still runs on the CPU), pytorch-lightning 1.8.6
 # installed with --no-deps plus the pinned packages it needs to import, and wrapt.
 # When <repo>/pyproject.toml exists this repo's package is installed too
 # (--no-deps, refreshed on every run; a failure there only warns: the tests put the
@@ -12,7 +12,7 @@
 # matches.  All progress goes to stderr; stdout is exactly one line, the interpreter:
 #   XLA_PY=$(bash scripts/xla_env.sh)   ->   <DIR>/bin/python
 #
-# Disk: the finished venv takes about 5.1 GB.  To keep the peak close to that, the
+# Disk: the finished venv takes about 5.1 GiB.  To keep the peak close to that, the
 # packages are resolved once (pip --dry-run --report) and then installed in stages,
 # the large CUDA/torch wheels one pip call each (a downloaded wheel is freed when its
 # call ends), never through pip's cache (--no-cache-dir).  Before building, the free
@@ -49,13 +49,13 @@ SPEC="v2 ${TORCH_PINS[*]} | ${NODEPS_PINS[*]} | ${SUPPORT_PINS[*]}"
 
 NEED_GB="${XLA_ENV_NEED_GB:-6}"
 if [[ ! "$NEED_GB" =~ ^[0-9]+([.][0-9]+)?$ ]]; then
-  echo "[xla_env] ERROR: XLA_ENV_NEED_GB=$NEED_GB is not a number of GB (accepted: e.g. 6 or 5.5)" >&2
+  echo "[xla_env] ERROR: XLA_ENV_NEED_GB=$NEED_GB is not a number of GiB (accepted: e.g. 6 or 5.5)" >&2
   exit 2
 fi
 
 log() { echo "[xla_env] $*" >&2; }
 
-free_gb() {  # free space, in GB, of the file system that holds $1 (or its nearest existing parent)
+free_gb() {  # free space, in GiB, of the file system that holds $1 (or its nearest existing parent)
   local path=$1
   while [[ ! -e "$path" ]]; do path=$(dirname "$path"); done
   df -Pk "$path" | awk 'NR==2 {printf "%.1f", $4 / 1048576}'
@@ -84,10 +84,10 @@ else
   created=0
   if [[ ! -x "$DIR/bin/python" ]]; then
     free=$(free_gb "$DIR")
-    log "free disk for $DIR: ${free} GB (needs about ${NEED_GB} GB: XLA_ENV_NEED_GB)"
+    log "free disk for $DIR: ${free} GiB (needs about ${NEED_GB} GiB: XLA_ENV_NEED_GB)"
     if awk -v f="$free" -v n="$NEED_GB" 'BEGIN { exit !(f < n) }'; then
-      log "ERROR: not enough disk to build the torch_xla environment: ${free} GB free where $DIR would go," \
-          "about ${NEED_GB} GB needed (torch 2.1.0 with its CUDA libraries, torch_xla 2.1.0)." \
+      log "ERROR: not enough disk to build the torch_xla environment: ${free} GiB free where $DIR would go," \
+          "about ${NEED_GB} GiB needed (torch 2.1.0 with its CUDA libraries, torch_xla 2.1.0)." \
           "Free some space, or give another folder: bash scripts/xla_env.sh /bigger/disk/xla-venv"
       exit 1
     fi
@@ -98,7 +98,7 @@ else
   fi
   cleanup_failed_build() {
     if [[ $created == 1 ]]; then
-      log "build failed: deleting the unfinished venv $DIR (free disk now: $(free_gb "$DIR") GB)"
+      log "build failed: deleting the unfinished venv $DIR (free disk now: $(free_gb "$DIR") GiB)"
       rm -rf "$DIR"
     fi
   }
@@ -124,12 +124,12 @@ PY
   if [[ $split == 0 || ${#LARGE[@]} == 0 ]]; then
     log "ERROR: could not read the install plan from $REPORT"; false
   fi
-  log "installing ${#LARGE[@]} large packages one at a time (free disk: $(free_gb "$DIR") GB)"
+  log "installing ${#LARGE[@]} large packages one at a time (free disk: $(free_gb "$DIR") GiB)"
   for pin in "${LARGE[@]}"; do
     log "  $pin"
     "${PIP[@]}" install --no-deps --quiet "$pin" >&2
   done
-  log "installing ${#REST[@]} other packages (free disk: $(free_gb "$DIR") GB)"
+  log "installing ${#REST[@]} other packages (free disk: $(free_gb "$DIR") GiB)"
   [[ ${#REST[@]} == 0 ]] || "${PIP[@]}" install --no-deps --quiet "${REST[@]}" >&2
   log "checking the resolution: ${TORCH_PINS[*]} ${SUPPORT_PINS[*]} (installs nothing when complete)"
   # keep torch's own pins intact: list torch again so the resolver cannot move it
@@ -140,7 +140,7 @@ PY
   check_imports
   trap - ERR
   echo "$SPEC" > "$STAMP"
-  log "built in $(( $(date +%s) - start )) s; $(du -sh "$DIR" | cut -f1) on disk, $(free_gb "$DIR") GB left free"
+  log "built in $(( $(date +%s) - start )) s; $(du -sh "$DIR" | cut -f1) on disk, $(free_gb "$DIR") GiB left free"
 fi
 
 if [[ -f "$REPO/pyproject.toml" ]]; then
