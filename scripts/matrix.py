@@ -19,7 +19,7 @@ First the wheels of every target are fetched into the local wheel cache
    The tests write ``<results>/<slug>.json`` (steps compared, divergences...);
    pytest's output goes to ``<results>/<slug>.pytest.log``;
 4. with ``--prune``, delete the target's folder (its wheels stay cached), so the
-   matrix needs the disk of two targets instead of all 21 (about 2.3 GB).
+   matrix needs the disk of two targets instead of all 21 (about 2.3 GiB).
 
 Then it prints one line per target and writes ``<results>/matrix.json``
 (default ``results/``, gitignored). Exit status 1 if any target failed.
@@ -177,15 +177,15 @@ def main(argv=None):
             if name in fetch_errors:
                 row["error"] = "install failed: " + fetch_errors[name]
                 continue
+            future = pending.pop(name)
+            schedule(todo.index(name) + 1)  # the next install overlaps this target's tests
             try:
-                path, seconds = pending.pop(name).result()
+                path, seconds = future.result()
                 install_seconds += seconds
             except Exception as exc:  # TargetError carries pip's / the import check's stderr
                 row["error"] = "install failed: %s: %s" % (type(exc).__name__, exc)
                 print("INSTALL FAILED %s:\n%s" % (name, exc), flush=True)
-                schedule(todo.index(name) + 1)
                 continue
-            schedule(todo.index(name) + 1)
             try:
                 test_target(targets_mod, name, path, row, results)
             finally:

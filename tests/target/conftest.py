@@ -50,6 +50,14 @@ def pytest_ignore_collect(collection_path, config):
     return targets is not None and TARGET not in targets
 
 
+def defined_where(condition):
+    """Decorator: define a test only where it applies to the target, so a target it does not apply to
+    has no entry for it at all (never a skip counted in the results)."""
+    def decorate(test):
+        return test if condition else None
+    return decorate
+
+
 def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -40,7 +40,7 @@ import re
 
 import pytest
 
-from conftest import REPO, TARGET
+from conftest import REPO, TARGET, defined_where
 from support import expectations
 
 SCENARIOS = expectations.scenarios(TARGET)
@@ -214,9 +214,7 @@ def test_call_sites_wrapped_only_where_affected(runs):
 def for_scenario(name):
     """Define a scenario-specific test only where the scenario applies to the target (no skip entries);
     where it does not, expectations.not_applicable(TARGET) says why (checked above)."""
-    def decorate(test):
-        return test if name in NAMES else None
-    return decorate
+    return defined_where(name in NAMES)
 
 
 @for_scenario("trainer-accumulate")

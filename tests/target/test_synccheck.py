@@ -18,7 +18,7 @@ import warnings
 import pytest
 from packaging.version import Version
 
-from conftest import REPO, TARGET, child_env, run_replicas
+from conftest import REPO, TARGET, child_env, defined_where, run_replicas
 from support import expectations
 
 EVERY = 2
@@ -46,13 +46,6 @@ def test_target_has_synccheck_scenarios():
     # conftest.ONLY_ON runs this module on SyncCheck's releases only (Lightning 1.5 and later), so every
     # test below has scenarios to check; an empty list would make them pass vacuously.
     assert SCENARIOS, "no SyncCheck scenario for %s" % TARGET
-
-
-def where(condition):
-    """Define a test only where it applies to the target (no skip entries in the results)."""
-    def decorate(test):
-        return test if condition else None
-    return decorate
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +133,7 @@ def test_single_process_is_a_no_op():
             synccheck.SyncCheck()
 
 
-@where(expectations.has_trainer(TARGET))  # the callback needs a Trainer; Fabric-only: the test above
+@defined_where(expectations.has_trainer(TARGET))  # the callback needs a Trainer; Fabric-only: the test above
 def test_callback_is_a_lightning_callback_made_lazily():
     code = (
         "import sys\n"
