@@ -31,7 +31,7 @@ What is normalized away (none of it changes what the code does):
   or left side, ``return``/``del``, an ``if``/``elif``/``while`` condition, a
   ``for`` target or iterable), the "invisible parentheses" formatters add when
   they split a long line. ``assert`` and ``with`` are excluded (parentheses make
-  a tuple there), so is a generator expression and ``()``.
+  a tuple there), and so is ``()``, the empty tuple.
 
 Decorators are kept, deliberately. A decorator runs when the class is built and
 can replace the method by something else; a fix written for the undecorated code
@@ -562,25 +562,14 @@ def _remove_whole_parentheses(tokens):
         pairs = _matching(tokens)
         drop = set()
         for start, end in _whole_expression_spans(tokens):
-            if end - start >= 2 and _is(tokens[start], "O", "(") and pairs.get(start) == end - 1 \
-                    and _redundant_contents(tokens[start + 1:end - 1]):
+            # Not "()": the empty tuple is a value. Anything else inside is one whole expression
+            # (a tuple, a generator expression...); without the parentheses it either means the
+            # same or is not valid Python, so no other definition can produce the same tokens.
+            if end - start > 2 and _is(tokens[start], "O", "(") and pairs.get(start) == end - 1:
                 drop.update((start, end - 1))
         if not drop:
             return tokens
         tokens = [token for index, token in enumerate(tokens) if index not in drop]
-
-
-def _redundant_contents(inner):
-    """Parentheses around ``inner`` can go unless it is empty (``()``) or a
-    generator expression (a ``for`` at its top level)."""
-    if not inner:
-        return False
-    depth = 0
-    for token in inner:
-        depth += _depth_change(token)
-        if depth == 0 and _is(token, "N", "for"):
-            return False
-    return True
 
 
 def _remove_trailing_commas(tokens):

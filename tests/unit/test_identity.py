@@ -163,6 +163,7 @@ DIFFERENT_CODE = {
     "argument added": ("partial(self._wrap, optimizer, closure)", "partial(self._wrap, optimizer, closure, 1)"),
     "arguments swapped": ("partial(self._wrap, optimizer, closure)", "partial(self._wrap, closure, optimizer)"),
     "decorator removed": ("@override\n", ""),
+    "decorator changed": ("@override\n", "@torch.no_grad()\n"),
     "statements swapped": ('    sizes = [1000, 16, 2.5, b"raw"]\n    message = f"{closure!r:>10} done"\n',
                            '    message = f"{closure!r:>10} done"\n    sizes = [1000, 16, 2.5, b"raw"]\n'),
     "statement moved out of the if block": (
@@ -183,6 +184,7 @@ DIFFERENT_PAIRS = {
     "f-string statement runs code, a plain string does not": ('f"{run()}"', '"{run()}"'),
     "empty tuple vs nothing": ("return ()", "return"),
     "generator vs list": ("x = (a for a in b)", "x = [a for a in b]"),
+    "with on a tuple vs two context managers": ("with (a, b): pass", "with a, b: pass"),
     "tuple vs its first element in a for loop": ("for x in (a, b): pass", "for x in a: pass"),
     "conditional expression vs its first part": ("y = (a) if b else c", "y = a"),
 }
