@@ -116,9 +116,12 @@ def fingerprint(function):
 def examine(function):
     """:class:`Fingerprint` (value, reason) of ``function``; ``reason`` is "" when
     ``value`` is set, else why not (``"no source"`` and the like)."""
-    function = _unwrap(function)
-    code = getattr(function, "__code__", None)
-    if code is None:
+    try:
+        function = _unwrap(function)
+        code = getattr(function, "__code__", None)
+    except Exception:  # an exotic object: nothing to read
+        code = None
+    if code is None or not hasattr(code, "co_name"):
         return Fingerprint(None, NO_SOURCE)
     source = _source_text(function)
     if source is None:
@@ -331,7 +334,7 @@ def _raw_tokens(source):
 
     if not source.endswith("\n"):
         source += "\n"
-    text_lines = source.splitlines(True)
+    text_lines = io.StringIO(source).readlines()  # the rows tokenize counts (str.splitlines splits on more)
     fstring_start = {getattr(tokenize, name) for name in ("FSTRING_START", "TSTRING_START") if hasattr(tokenize, name)}
     fstring_end = {getattr(tokenize, name) for name in ("FSTRING_END", "TSTRING_END") if hasattr(tokenize, name)}
     skip = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER}

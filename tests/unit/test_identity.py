@@ -3,6 +3,7 @@ import ast
 import functools
 import glob
 import importlib
+import importlib.util
 import json
 import linecache
 import os
@@ -560,3 +561,81 @@ if OTHER_PYTHONS:  # defined only where another interpreter exists to compare wi
             for function, (examined, from_source) in there["live"].items():
                 assert examined == [from_source, ""], (version, function, examined)
                 assert from_source == identity.fingerprint(getattr(local, function)), (version, function)
+
+
+# --------------------------------------------------------------------------- scripts/fingerprints.py
+
+def _script():
+    path = os.path.join(os.path.dirname(PACKAGE_DIR), "scripts", "fingerprints.py")
+    spec = importlib.util.spec_from_file_location("fingerprints_script_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MODULE_WITH_REDEFINITION = '''
+import torch
+
+
+class XLAPrecision(Precision):
+    def optimizer_step(self, optimizer):
+        return "replaced below"
+
+    if torch.__version__:
+        @override
+        def optimizer_step(self, optimizer: Optimizable, **kwargs: Any) -> Any:
+            import torch_xla.core.xla_model as xm
+            return xm.optimizer_step(optimizer, optimizer_args=kwargs, barrier=True)
+
+    def other(self):
+        pass
+'''
+
+
+def test_script_locates_the_definition_that_wins_with_its_decorators():
+    segment = _script().definition_source(MODULE_WITH_REDEFINITION, "XLAPrecision.optimizer_step")
+    assert segment.lstrip().startswith("@override") and "barrier=True" in segment and "other" not in segment
+    assert _script().definition_source(MODULE_WITH_REDEFINITION, "XLAPrecision.missing") is None
+    assert _script().definition_source(MODULE_WITH_REDEFINITION, "Nowhere.optimizer_step") is None
+
+
+def test_script_reads_wheels_without_installing_them(tmp_path):
+    import zipfile
+
+    from tpu_closure_fix import sites
+
+    row = next(site for site in sites.CALL_SITES
+               if site.fix is not None and site.module == "lightning_fabric.plugins.precision.xla")
+    wheel = tmp_path / "lightning_fabric-2.6.6-py3-none-any.whl"
+    with zipfile.ZipFile(str(wheel), "w") as archive:
+        archive.writestr("lightning_fabric/plugins/precision/xla.py", MODULE_WITH_REDEFINITION)
+    outside = tmp_path / "lightning_fabric-1.0.0-py3-none-any.whl"  # outside every row's range: not reported
+    with zipfile.ZipFile(str(outside), "w") as archive:
+        archive.writestr("lightning_fabric/plugins/precision/xla.py", MODULE_WITH_REDEFINITION)
+    measured = _script().measure_wheels([str(tmp_path)])
+    expected = identity.fingerprint_source(
+        _script().definition_source(MODULE_WITH_REDEFINITION, "XLAPrecision.optimizer_step"))
+    assert measured.values == {row.variant: {"2.6.6": expected}} and not measured.problems
+
+
+def test_script_comparison_reports_differences_and_missing_records():
+    script = _script()
+    measured = {"fabric-2.1": {"2.1.0": "sha256:a", "2.6.6": "sha256:b", "2.2.0": None},
+                "pl-1.8": {"1.8.6": "sha256:c"}}
+    recorded = {"fabric-2.1": {"2.1.0": "sha256:a", "2.6.6": "sha256:x", "2.4.0": "sha256:y"}}
+    assert script.compare(measured, recorded) == [
+        "fabric-2.1 2.6.6: measured sha256:b, recorded sha256:x",
+        "pl-1.8 1.8.6: measured sha256:c, not recorded",
+    ]
+    assert script.compare({"fabric-2.1": {"2.1.0": "sha256:a"}}, recorded) == []
+
+
+def test_script_flags_two_copies_of_one_release_that_disagree():
+    measurements = _script().Measurements()
+    measurements.add("fabric-2.1", "2.6.6", "sha256:a", "target lightning-fabric==2.6.6 (import)")
+    measurements.add("fabric-2.1", "2.6.6", "sha256:a", "target pytorch-lightning==2.6.6 (import)")
+    assert measurements.problems == []
+    measurements.add("fabric-2.1", "2.6.6", "sha256:b", "wheel x.whl")
+    assert len(measurements.problems) == 1 and "sha256:b from wheel x.whl" in measurements.problems[0]
+    measurements.add("pl-1.8", "1.8.6", None, "target t", "no source")
+    assert "no fingerprint (no source)" in measurements.problems[-1]
