@@ -14,6 +14,8 @@ patches, in each release it can see:
   ``ast``. The release is the wheel's version (the vendored ``lightning_lite`` /
   ``lightning_fabric`` inside pytorch-lightning and the sub-packages of ``lightning``
   carry that same version).
+* ``merge``: combine JSON outputs (e.g. targets installed and measured one at a
+  time); two different fingerprints for one (variant, release) are a problem.
 * ``check``: recompute from installed targets and compare with the fingerprints
   recorded in the table (the rows' ``fingerprints`` field) or in a JSON file.
 
@@ -25,7 +27,9 @@ Usage::
 
     python scripts/fingerprints.py targets [NAME ...] [--root DIR] [--json FILE]
     python scripts/fingerprints.py wheels WHEEL_OR_DIR ... [--json FILE]
+    python scripts/fingerprints.py merge FILE.json ... [--json FILE]
     python scripts/fingerprints.py check [NAME ...] [--root DIR] [--against FILE.json]
+    python scripts/fingerprints.py --check ...               # same as "check"
 
 Without names, ``targets`` and ``check`` use every target that is installed (they
 never install one). ``check`` exits 1 on any difference, missing record or
@@ -306,6 +310,16 @@ def measure_wheels(paths, rows=None, measurements=None):
     return measurements
 
 
+def merge_files(paths):
+    measurements = Measurements()
+    for path in paths:
+        with open(path) as handle:
+            for variant, releases in json.load(handle).items():
+                for release, value in releases.items():
+                    measurements.add(variant, release, value, os.path.basename(path), "recorded as null")
+    return measurements
+
+
 # --------------------------------------------------------------------------- checking
 
 
@@ -330,15 +344,15 @@ def check(names=None, root=None, recorded=None):
     """Recompute the fingerprints of the installed targets (all installed if ``names``
     is empty) and compare with ``recorded`` ({variant: {release: fingerprint}};
     default: the table's ``fingerprints`` field). Returns the list of problems."""
+    names = installed_targets(names, root)
+    if not names:
+        return ["no target is installed (python scripts/targets.py install NAME)"]
     rows = table_rows()
     if recorded is None:
         recorded = recorded_fingerprints(rows)
         if not recorded:
             return ["the call-site table records no fingerprints (no row has a non-empty `fingerprints` field); "
                     "compare with a file: --against FILE.json"]
-    names = installed_targets(names, root)
-    if not names:
-        return ["no target is installed (python scripts/targets.py install NAME)"]
     measurements = measure_targets(names, root, rows)
     return measurements.problems + compare(measurements.values, recorded)
 
@@ -382,6 +396,8 @@ def write_json(values, destination):
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--check"]:  # the spelling the docs use for the check command
+        argv[0] = "check"
     if argv[:1] == ["_child"]:
         print(json.dumps(_child(json.load(sys.stdin))))
         return 0
@@ -400,6 +416,10 @@ def main(argv=None):
             sp.add_argument("--json", metavar="FILE", help="also write the JSON here ('-': stdout, no table)")
     sp = sub.add_parser("wheels", help="fingerprint from wheel files, without installing them")
     sp.add_argument("paths", nargs="+", metavar="WHEEL_OR_DIR")
+    sp.add_argument("--json", metavar="FILE", help="also write the JSON here ('-': stdout, no table)")
+    sp = sub.add_parser("merge", help="merge JSON outputs (targets measured one at a time, wheels); "
+                                      "two different fingerprints for one release are a problem")
+    sp.add_argument("paths", nargs="+", metavar="FILE.json")
     sp.add_argument("--json", metavar="FILE", help="also write the JSON here ('-': stdout, no table)")
     args = parser.parse_args(argv)
     try:
@@ -423,8 +443,10 @@ def _run(args):
 
     if args.command == "targets":
         measurements = measure_targets(installed_targets(args.names, args.root), args.root)
-    else:
+    elif args.command == "wheels":
         measurements = measure_wheels(args.paths)
+    else:
+        measurements = merge_files(args.paths)
     values = measurements.as_json()
     if args.json:
         write_json(values, args.json)

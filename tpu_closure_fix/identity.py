@@ -173,12 +173,16 @@ def match_fingerprint(value, known):
     compared = sorted((release for release, recorded in pairs if recorded is not None), key=release_key)
     if not compared:
         return Match(value, None, "cannot tell: no known release has a fingerprint")
+    if len(compared) > 3:  # a short phrase for reports; the full list is in the table
+        return Match(value, None, "code differs from all %d known releases (%s .. %s)"
+                     % (len(compared), compared[0], compared[-1]))
     return Match(value, None, "code differs from %s" % ", ".join(compared))
 
 
 def describe_match(function, known):
     """Short report phrase: "code identical to 2.6.6", "code differs from 2.1.0,
-    2.6.6" or "cannot tell: no source"."""
+    2.6.6" (more than three: "code differs from all 31 known releases (2.1.0 ..
+    2.6.6)") or "cannot tell: no source"."""
     return match(function, known).text
 
 

@@ -475,6 +475,8 @@ def test_match_lists_what_was_compared_when_the_code_differs():
     assert found.release is None and found.fingerprint == identity.fingerprint(sample)
     assert found.text == "code differs from 2.1.0, 2.6.6"
     assert identity.match(sample, {"1.0": None}).text == "cannot tell: no known release has a fingerprint"
+    many = {"2.%d.0" % minor: other for minor in (10, 1, 2, 3)}
+    assert identity.match(sample, many).text == "code differs from all 4 known releases (2.1.0 .. 2.10.0)"
 
 
 def test_release_order():
@@ -639,3 +641,25 @@ def test_script_flags_two_copies_of_one_release_that_disagree():
     assert len(measurements.problems) == 1 and "sha256:b from wheel x.whl" in measurements.problems[0]
     measurements.add("pl-1.8", "1.8.6", None, "target t", "no source")
     assert "no fingerprint (no source)" in measurements.problems[-1]
+
+
+def test_script_check_compares_with_the_table_field(monkeypatch):
+    script = _script()
+    rows = [{"variant": "fabric-2.1", "package": "lightning_fabric", "module": "m", "qualname": "C.f",
+             "releases": ">=2.1.0,<2.6.7", "recorded": {"2.1.0": "sha256:a", "2.6.6": "sha256:b"}},
+            {"variant": "pl-1.8", "package": "pytorch_lightning", "module": "n", "qualname": "C.f",
+             "releases": ">=1.8.0,<1.9.0", "recorded": {}}]
+    measured = script.Measurements()
+    measured.add("fabric-2.1", "2.6.6", "sha256:b", "target x (import)")
+    measured.add("pl-1.8", "1.8.6", "sha256:c", "target y (import)")
+    calls = []
+    monkeypatch.setattr(script, "table_rows", lambda: rows)
+    monkeypatch.setattr(script, "installed_targets", lambda names, root: calls.append(names) or ["x", "y"])
+    monkeypatch.setattr(script, "measure_targets", lambda names, root, rows_: measured)
+    assert script.check(["x", "y"]) == ["pl-1.8 1.8.6: measured sha256:c, not recorded"]
+    assert script.check(["x"], recorded={"fabric-2.1": {"2.6.6": "sha256:z"}, "pl-1.8": {"1.8.6": "sha256:c"}}) \
+        == ["fabric-2.1 2.6.6: measured sha256:b, recorded sha256:z"]
+    assert calls == [["x", "y"], ["x"]]
+    for row in rows:
+        row["recorded"] = {}
+    assert "records no fingerprints" in script.check(["x"])[0]
