@@ -49,12 +49,17 @@ Guarantees and limits:
   builtin, a C function or code compiled from a string gives ``None`` ("cannot
   tell"), never a guess. So does source whose ``def`` name, parameters or
   referenced names do not match the loaded code object (the file changed on
-  disk after import).
+  disk after import, or an import hook rewrote the code, as pytest does with
+  ``assert``).
 * Equal fingerprints mean equal token streams after the rules above (up to a
   64-bit hash collision). Formatting changes those rules do not cover give a
   different fingerprint: redundant parentheses elsewhere than listed, a
-  docstring replaced by ``pass``, reordered keyword arguments. Differences are
-  always safe to report; they only mean "not recognized".
+  docstring replaced by ``pass``, reordered keyword arguments, a one-line
+  ``case`` body. Differences are always safe to report; they only mean "not
+  recognized".
+* Source using syntax newer than the running Python's tokenizer (3.12's nested
+  same-quote f-strings on 3.11) cannot be fingerprinted there; such code cannot
+  run there either.
 * The function is unwrapped first (``__wrapped__``, ``__func__``), so a wrapper
   installed by this shim or by ``functools.wraps`` is looked through.
 
