@@ -260,7 +260,14 @@ def _has_buggy_shape(owner, attr, rows):
 
 
 def _examine_inherited(site, release, cls, attr):
-    """An inheriting subclass: PATCHED only when the method ``cls`` resolves is this package's wrapper."""
+    """An inheriting subclass: judged by the method ``cls`` actually resolves.
+
+    PATCHED when that is this package's wrapper. When it is the base's original
+    code -- the base class not patched yet, or a class object from before an
+    ``importlib.reload`` of the base module that the subclass still inherits
+    from -- it is PATCHABLE with the base row's guards and fix, so the engine
+    patches exactly the class the subclass resolves.
+    """
     owner = next((klass for klass in cls.__mro__ if attr in vars(klass)), None)
     if owner is cls:
         return Finding(SKIPPED, "%s overrides %s (expected to inherit %s)" % (cls.__name__, attr, site.inherits),
@@ -271,16 +278,17 @@ def _examine_inherited(site, release, cls, attr):
     if base_qualname != site.inherits:
         return Finding(SKIPPED, "inherits %s, expected %s" % (base_qualname, site.inherits), site, release, None)
     reason = "via %s.%s" % (owner.__module__, base_qualname)
-    if is_ours(vars(owner)[attr]):
+    function = vars(owner)[attr]
+    if is_ours(function):
         return Finding(PATCHED, reason, site, release, None)
     base = _examine((owner.__module__, base_qualname))
-    verdict = base.verdict
-    if verdict in (PATCHABLE, PATCHED):  # the base is patchable but not patched: the subclass runs the bug
-        verdict = SKIPPED
-        base = base._replace(reason="not patched (%s)" % (base.reason or "the import hook has not run"))
+    if base.verdict in (PATCHABLE, PATCHED) and base.site is not None and base.site.shape.check(function).ok:
+        return Finding(PATCHABLE, reason, base.site, release, (owner, attr, function))
+    if base.verdict in (PATCHABLE, PATCHED):
+        base = base._replace(verdict=SKIPPED, reason="the inherited code is not the base row's shape")
     if base.reason:
         reason += ": " + base.reason
-    return Finding(verdict, reason, site, release, None)
+    return Finding(base.verdict, reason, site, release, None)
 
 
 def _covering_guard(key, module):
