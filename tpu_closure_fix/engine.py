@@ -194,7 +194,7 @@ def _patch_site(key, module):
         return finding
     if finding.verdict != PATCHABLE:
         return finding
-    import wrapt
+    from .wrappers import FunctionWrapper  # wrapt's, made to pickle/copy by reference like the original
 
     cls, attr, original = finding.target
     site = finding.site
@@ -204,7 +204,7 @@ def _patch_site(key, module):
         _state.failures[key] = "fix unavailable: %s" % exc
         _warn_once(key, "tpu-closure-fix: %s:%s not patched: %s" % (key[0], key[1], exc))
         return examine(key, module)
-    wrapper = wrapt.FunctionWrapper(original, wrapper_function)
+    wrapper = FunctionWrapper(original, wrapper_function)
     setattr(wrapper, MARKER, site.variant)
     setattr(cls, attr, wrapper)
     _state.patches[key] = (cls, attr, original, wrapper)
