@@ -9,7 +9,7 @@ same, except that every result called with the shim reduces after the closure, a
 """
 import textwrap
 
-from test_faults import scenario, warnings_of  # noqa: F401  (the shared Lightning 1.8.6 probe)
+from test_faults import scenario  # the shared Lightning 1.8.6 probe (tcf_probe.py)
 
 OBSERVE = textwrap.dedent(
     """
