@@ -2,7 +2,7 @@
 
 Every launch goes through the real command (``tpu-closure-fix run -- ...`` from this checkout) and
 starts a *bare* interpreter (a venv without the shim's .pth, nothing installed), so "armed" means
-the launcher armed it: its LightningImportWatcher is on ``sys.meta_path``.
+the launcher armed it: the start-up module's import watcher is on ``sys.meta_path``.
 
 The second local user is uid/gid 65534 (``nobody``) through ``setpriv``: those tests need root and
 setpriv and are skipped with that reason elsewhere. The attacks are not tied to one design: a
@@ -38,7 +38,7 @@ except ImportError:
     cwd_module = False
 print(json.dumps({
     "pythonpath": os.environ.get("PYTHONPATH"),
-    "armed": any(type(f).__name__ == "LightningImportWatcher" for f in sys.meta_path),
+    "armed": any(type(f).__module__ == "_tpu_closure_fix_startup" for f in sys.meta_path),
     "own_sitecustomize_runs": getattr(builtins, "OWN_SITECUSTOMIZE_RUNS", 0),
     "cwd_module": cwd_module,
 }))
