@@ -14,7 +14,9 @@ wrapper reached through the class)     class is pickled by reference, as pickle
                                        does for a function with a dotted qualname).
                                        copy and deepcopy: the object itself (copy
                                        treats functions as atomic).
-``module.function``                    pickle: the global ``module.function``.
+``module.function``                    pickle: the global ``module.function`` (the
+                                       function itself, by reference, when its
+                                       module's name still holds the original).
                                        copy and deepcopy: the object itself.
 ``instance.method`` (bound)            pickle and copy: ``getattr(instance,
                                        "method")`` (what a bound method's
@@ -80,14 +82,20 @@ def _reduce_by_name(wrapper, function):
             raise _pickle.PicklingError("Can't pickle %r: %s has no attribute path %s"
                                         % (function, module.__name__, ".".join(path)))
     name = path[-1]
-    if not _holds(getattr(parent, name, None), wrapper, function):
-        # pickle's own rule for functions: the name must lead back to the object being pickled.
-        raise _pickle.PicklingError("Can't pickle %r: it's not the same object as %s.%s"
-                                    % (function, module.__name__, ".".join(path)))
-    if parent is module:
+    found = getattr(parent, name, None)
+    if parent is module and found is wrapper:
         # A module-level function: a string reduction makes pickle store the global module.name
         # (it checks that the name holds this very object, which it does: modules do not bind).
         return name
+    if parent is module and found is function:
+        # The function's own module still holds the original (the wrapper was installed under another
+        # name): what pickling the original gives, the function by reference. copy.copy returns a
+        # function unchanged, and is a global every Python can load.
+        return _copy.copy, (function,)
+    if parent is module or not _holds(found, wrapper, function):
+        # pickle's own rule for functions: the name must lead back to the object being pickled.
+        raise _pickle.PicklingError("Can't pickle %r: it's not the same object as %s.%s"
+                                    % (function, module.__name__, ".".join(path)))
     return getattr, (parent, name)
 
 

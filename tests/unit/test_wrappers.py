@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+import types
 
 import pytest
 import wrapt
@@ -184,6 +185,17 @@ def test_pickle_never_names_the_shim_and_loads_without_it(protocol):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split("\n")[:4] == ["function Plugin.step", "function Plugin.step", "method Plugin.step",
                                            "function helper"]
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_wrapper_installed_under_another_name_pickles_as_the_function(protocol):
+    """A module-level wrapper set on another module object (an alias, as a stand-in module is): its
+    function's home module still holds the original, which is what pickling the original gives."""
+    alias = types.ModuleType("alias_of_test_wrappers")
+    alias.helper = wrappers.FunctionWrapper(ORIGINAL_HELPER, through_shim)
+    assert pickle.loads(pickle.dumps(ORIGINAL_HELPER, protocol)) is ORIGINAL_HELPER  # the twin
+    assert pickle.loads(pickle.dumps(alias.helper, protocol)) is ORIGINAL_HELPER
+    assert copy.deepcopy(alias.helper) is alias.helper and copy.copy(alias.helper) is alias.helper
 
 
 def test_unreachable_function_refuses_like_the_original():
