@@ -18,6 +18,16 @@ class TPUClosureFixWarning(UserWarning):
 
 _warned_values = set()
 
+#: How much of a bad value a message quotes: enough to recognise it, never the whole of a huge value.
+QUOTE_LIMIT = 40
+
+
+def quote_value(raw, limit=QUOTE_LIMIT):
+    """``repr(raw)``, or the repr of its first ``limit`` characters plus its length when it is longer."""
+    if len(raw) <= limit:
+        return repr(raw)
+    return "%r... (%d characters)" % (raw[:limit], len(raw))
+
 
 def parse_switch(raw):
     """Return (enabled, problem) for a raw value of TPU_CLOSURE_FIX.
@@ -34,8 +44,8 @@ def parse_switch(raw):
     if value in OFF_VALUES:
         return False, None
     return True, (
-        "%s=%r is not an accepted value; accepted: 1/true/on/yes (enable, the default) "
-        "or 0/false/off/no (disable), any case. Using the default: enabled." % (ENV_VAR, raw)
+        "%s=%s is not an accepted value; accepted: 1/true/on/yes (enable, the default) "
+        "or 0/false/off/no (disable), any case. Using the default: enabled." % (ENV_VAR, quote_value(raw))
     )
 
 

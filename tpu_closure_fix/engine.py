@@ -338,7 +338,7 @@ def _patch_site(key, module):
         return finding
     if finding.verdict != PATCHABLE:
         return finding
-    import wrapt
+    from .wrappers import FunctionWrapper  # wrapt's, made to pickle/copy by reference like the original
 
     owner, attr, original = finding.target
     site = finding.site
@@ -348,7 +348,7 @@ def _patch_site(key, module):
         _state.failures[key] = "fix unavailable: %s" % exc
         _warn_once(key, "tpu-closure-fix: %s:%s not patched: %s" % (key[0], key[1], exc))
         return _examine(key, module)
-    wrapper = wrapt.FunctionWrapper(original, wrapper_function)
+    wrapper = FunctionWrapper(original, wrapper_function)
     setattr(wrapper, MARKER, site.variant)
     setattr(owner, attr, wrapper)
     _state.patches[key] = (owner, attr, original, wrapper)

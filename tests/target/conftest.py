@@ -32,6 +32,7 @@ ONLY_ON = {
     "test_faults.py": ("pytorch-lightning==1.8.6",),
     "test_orderings.py": ("pytorch-lightning==1.8.6",),
     "test_concurrency.py": ("pytorch-lightning==1.8.6",),
+    "test_pickle_patched.py": ("pytorch-lightning==1.8.6", "pytorch-lightning==1.8.6+wrapt==1.14.1"),
     # SyncCheck supports Lightning >= 1.5: the oldest and newest Trainer lines and the newest Fabric.
     "test_synccheck.py": ("pytorch-lightning==1.5.10", "pytorch-lightning==1.8.6", "lightning==2.6.6",
                           "lightning-fabric==2.6.6"),
