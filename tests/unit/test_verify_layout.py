@@ -7,6 +7,7 @@
 * The patching core never depends on verification code, and importing the verification modules
   that ``check`` loads up front imports no torch, torch_xla or framework.
 """
+import ast
 import os
 import re
 import subprocess
@@ -73,14 +74,40 @@ def core_files():
     return [f for f in files if os.path.isfile(f)]
 
 
-def test_the_patching_core_does_not_reference_verification_code():
+def _verify_references(path):
+    """Imports of verification modules, and strings naming one (an ``importlib`` call), in a file;
+    docstrings may mention verification."""
+    with open(path) as handle:
+        tree = ast.parse(handle.read())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
     found = []
-    for path in core_files():
-        with open(path) as handle:
-            text = handle.read()
-        if re.search(r"\bverify\b", text):
-            found.append(os.path.relpath(path, REPO))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if "verify" in a.name.split(".")]
+        elif isinstance(node, ast.ImportFrom):
+            names = (node.module or "").split(".") + [a.name for a in node.names]
+            if "verify" in names:
+                found.append("from %s%s import ..." % ("." * node.level, node.module or ""))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            if re.search(r"(^|\.)verify(\.|$)", node.value):
+                found.append(repr(node.value))
+    return found
+
+
+def test_the_patching_core_does_not_reference_verification_code():
+    found = {os.path.relpath(p, REPO): refs for p in core_files() for refs in [_verify_references(p)] if refs}
     assert not found, found
+
+
+def test_the_reference_finder_sees_imports_and_module_strings(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""Mentions <name>/verify.py in the docstring: fine."""\n'
+                      "from .verify import graph\n"
+                      "import tpu_closure_fix.verify.child\n"
+                      "importlib.import_module('tpu_closure_fix.integrations.x.verify')\n")
+    assert len(_verify_references(str(sample))) == 3
 
 
 def _modules_after(code):
