@@ -11,8 +11,9 @@ Both self-tests drive the class and method of the call-site table's row that mat
 release (:mod:`tpu_closure_fix.verify.table`).  The result is one of three outcomes, each with its
 exit code and a one-line reason (:func:`decide`):
 
-* ``protected`` (0): every installed affected site is patched or fixed upstream, and every
-  self-test that ran shows the fixed order;
+* ``protected`` (0): every installed affected site is patched, guarded or fixed upstream, and every
+  self-test that ran shows the fixed order (a site whose integration has no verification driver
+  yet is named in the reason as having no self-test);
 * ``unprotected`` (1): a site runs the buggy code, or a self-test saw the buggy order; the reason
   names the site and why;
 * ``could not verify`` (3): a self-test could not run (or nothing is installed to test); the reason
@@ -128,7 +129,12 @@ def _not_verified_reasons(events, graph, graph_unavailable):
         elif graph.get("error"):
             reasons.append(("graph", "the XLA graph check failed: %s" % graph["error"]))
     if not reasons and not events.get("sites"):
-        reasons.append(("-", "no installed call site to test (nothing the shim patches or verifies is installed here)"))
+        untested = events.get("untested") or []
+        if untested:
+            reasons.extend((u["site"], "no self-test covers %s (%s)" % (u["site"], u["reason"])) for u in untested)
+        else:
+            reasons.append(("-", "no installed call site to test (nothing the shim patches or verifies is "
+                                 "installed here)"))
     return reasons
 
 
@@ -147,14 +153,17 @@ def decide(unprotected, events, graph, graph_unavailable=None):
     if reasons:
         return Outcome(NOT_VERIFIED, EXIT_CODES[NOT_VERIFIED],
                        "COULD NOT VERIFY: %s. What you can do: %s." % (_first_and_more(reasons), _WHAT_TO_DO))
-    sites = len(events.get("sites", []))
+    untested = events.get("untested") or []
+    sites = len(events.get("sites", [])) + len(untested)
     if graph:
         evidence = "event order and XLA graph (%d traced) right" % len(_graph_sites(graph))
     else:
         evidence = "event order right; XLA graph not checked (%s)" % ("--no-graph" if graph is False else
                                                                       "torch_xla is not importable here")
+    if untested:
+        evidence += "; %d site(s) without a self-test: %s" % (len(untested), ", ".join(u["site"] for u in untested))
     return Outcome(PROTECTED, EXIT_CODES[PROTECTED],
-                   "PROTECTED: %d call site(s) patched or fixed upstream; %s." % (sites, evidence))
+                   "PROTECTED: %d call site(s) patched, guarded or fixed upstream; %s." % (sites, evidence))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -209,10 +218,19 @@ def render_events(events):
             lines.append("       could not run: " + site["error"])
         else:
             lines.append("       " + _order_of(site.get("events", []), 8))
+    lines.extend(_render_untested(events))
     if events.get("error"):
         lines.append("  could not run: " + events["error"])
-    elif not events.get("sites"):
+    elif not events.get("sites") and not events.get("untested"):
         lines.append("  nothing to test: no installed call site")
+    return lines
+
+
+def _render_untested(result):
+    lines = []
+    for entry in result.get("untested") or []:
+        lines.append("  --   %s (%s)" % (entry["site"], entry["verdict"]))
+        lines.append("       not self-tested: " + entry["reason"])
     return lines
 
 
@@ -235,8 +253,9 @@ def render_graph(graph, graph_unavailable=None):
             info.get("operands_from_backward"), info.get("update_consumes_all_reduce")))
         for ir_line in info.get("excerpt", [])[-5:]:
             lines.append("         " + ir_line.split(", xla_shape=")[0])
+    lines.extend(_render_untested(graph))
     if graph.get("error") and not any(info.get("error") for info in sites.values()):
         lines.append("  could not run: " + graph["error"])
-    elif not sites:
+    elif not sites and not graph.get("untested"):
         lines.append("  nothing traced")
     return lines

@@ -14,7 +14,6 @@ what happened and why, and the user sees exactly one ``tpu-closure-fix``
 warning (none for the supported configurations: wrapt 1.14.1, zip, reload,
 read-only site-packages).
 """
-import json
 import os
 import pathlib
 import re

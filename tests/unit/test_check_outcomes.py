@@ -47,8 +47,8 @@ def test_protected_with_graph():
     out = check.decide([], events_of(event_site(FABRIC), event_site(TRAINER, "fixed upstream")),
                        graph_of({FABRIC: graph_site(), TRAINER: graph_site(verdict="fixed upstream")}))
     assert (out.name, out.exit_code) == ("protected", 0)
-    assert out.reason == ("PROTECTED: 2 call site(s) patched or fixed upstream; event order and XLA graph "
-                          "(2 traced) right.")
+    assert out.reason == ("PROTECTED: 2 call site(s) patched, guarded or fixed upstream; event order and XLA "
+                          "graph (2 traced) right.")
 
 
 @pytest.mark.parametrize("graph, why", [(None, "torch_xla is not importable here"), (False, "--no-graph")])
@@ -125,6 +125,30 @@ def test_unprotected_wins_over_could_not_verify():
     """A site known to run the buggy code is reported, even when a self-test also failed to run."""
     out = check.decide([record(FABRIC, "skipped", "unknown release 9.9")], events_of(error="boom"), None)
     assert out.exit_code == 1 and FABRIC in out.reason
+
+
+GUARD = "torch_xla.core.xla_model:optimizer_step"
+NO_DRIVER = {"site": GUARD, "variant": "torch_xla-2.1+", "verdict": "patched",
+             "reason": "the torch_xla integration has no verification driver "
+                       "(tpu_closure_fix/integrations/torch_xla/verify.py)"}
+
+
+def test_a_site_without_a_driver_is_named_but_does_not_fail_the_check():
+    events = events_of(event_site(FABRIC))
+    events["untested"] = [NO_DRIVER]
+    out = check.decide([], events, None)
+    assert (out.name, out.exit_code) == ("protected", 0)
+    assert out.reason.endswith("; 1 site(s) without a self-test: %s." % GUARD), out.reason
+    assert out.reason.startswith("PROTECTED: 2 call site(s)")
+    assert check.render_events(events)[-2:] == ["  --   %s (patched)" % GUARD, "       not self-tested: " + NO_DRIVER["reason"]]
+
+
+def test_only_sites_without_a_driver_is_could_not_verify():
+    events = events_of()
+    events["untested"] = [NO_DRIVER]
+    out = check.decide([], events, None)
+    assert out.exit_code == 3
+    assert out.reason.startswith("COULD NOT VERIFY: no self-test covers %s (the torch_xla integration" % GUARD)
 
 
 def test_exit_codes_are_distinct():

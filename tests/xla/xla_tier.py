@@ -20,6 +20,7 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 from tpu_closure_fix import sites as _sites  # noqa: E402
+from tpu_closure_fix.verify import table  # noqa: E402
 from tpu_closure_fix.verify.child import RESULT_MARK, run_child  # noqa: E402
 
 XLA_PY = os.environ.get("TPU_CLOSURE_FIX_XLA_PYTHON", "").strip()
@@ -63,11 +64,18 @@ UNAVAILABLE = _STATUS if TORCH_XLA is None else None
 STATUS = [] if TORCH_XLA is None else _STATUS
 
 
+def _row(record):
+    return next(r for r in _sites.CALL_SITES if r.variant == record["variant"])
+
+
+def _protected(record):
+    """Installed, protected sites with a row, not a subclass inheriting the method."""
+    return record["verdict"] in ("patched", "fixed upstream") and record.get("variant") and not _row(record).inherits
+
+
 def _traced(record):
-    """Sites the self-tests drive: installed, protected, and not a subclass inheriting the method."""
-    if record["verdict"] not in ("patched", "fixed upstream") or not record.get("variant"):
-        return False
-    return not next(r for r in _sites.CALL_SITES if r.variant == record["variant"]).inherits
+    """Sites the self-tests drive: protected ones whose integration has a verification driver."""
+    return _protected(record) and table.missing_driver(_row(record)) is None
 
 
 def site_id(record):
@@ -77,6 +85,8 @@ def site_id(record):
 #: site id -> verdict with the shim on, for every site the check traces in this tier
 SITES = {site_id(r): r["verdict"] for r in STATUS if _traced(r)}
 PATCHED = sorted(s for s, v in SITES.items() if v == "patched")
+#: protected sites whose integration has no verification driver yet: named by check, not traced
+UNTESTED = sorted(site_id(r) for r in STATUS if _protected(r) and not _traced(r))
 FIXED_UPSTREAM = sorted(s for s, v in SITES.items() if v == "fixed upstream")
 
 

@@ -11,9 +11,11 @@ driver records ``forward``, ``backward`` and ``step``.  A site passes when every
 reduction comes after the backward of the same step and before the optimizer's update: the
 order of the upstream fix.
 
-Result of :func:`run_event_check`: ``{"ok": bool, "error": str|None, "sites": [...]}``; each site
-is ``{"site", "variant", "verdict", "events", "ok", "error"}``, where ``error`` (the exception
-line) means the step could not run, so the order is unknown, not wrong.
+Result of :func:`run_event_check`: ``{"ok": bool, "error": str|None, "sites": [...], "untested":
+[...]}``; each site is ``{"site", "variant", "verdict", "events", "ok", "error"}``, where ``error``
+(the exception line) means the step could not run, so the order is unknown, not wrong.
+``untested`` lists the installed sites whose integration has no verification driver (``{"site",
+"variant", "verdict", "reason"}``).
 """
 import os
 import sys
@@ -77,15 +79,17 @@ def child_main():
     import warnings
 
     warnings.simplefilter("ignore")
-    payload = {"ok": False, "error": None, "sites": []}
+    payload = {"ok": False, "error": None, "sites": [], "untested": []}
     try:
         import torch
 
         from . import table
 
         chosen = table.sites_to_verify()
+        payload["untested"] = table.untested(chosen)
         xm = _install_recording_xla_model()
-        payload["sites"] = [_check_site(record, row, xm, torch) for record, row in chosen]
+        payload["sites"] = [_check_site(record, row, xm, torch) for record, row in chosen
+                            if table.missing_driver(row) is None]
         payload["ok"] = bool(payload["sites"]) and all(s["ok"] for s in payload["sites"])
     except Exception as exc:  # noqa: BLE001
         payload["error"] = _exception_line(exc)

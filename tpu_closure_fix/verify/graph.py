@@ -88,7 +88,7 @@ def child_environment(replicas, mode, timeout, env=None):
     return child_env
 
 
-def run_graph_check(timeout=600.0, python=None, replicas=2, mode="shim", env=None):
+def run_graph_check(timeout=600.0, python=None, replicas=2, mode="shim", env=None, verdicts=None):
     """Trace one training step per installed call site on ``replicas`` CPU replicas of real torch_xla.
 
     Runs in a child interpreter (``python``, default this one), killed as a whole after
@@ -103,6 +103,8 @@ def run_graph_check(timeout=600.0, python=None, replicas=2, mode="shim", env=Non
     order seen in the step), ``all_reduce_count`` (IR), ``hlo_all_reduce_count``,
     ``operands_from_backward``, ``update_consumes_all_reduce``, ``excerpt`` (IR lines),
     ``per_replica``, ``replicas_agree``, and ``error``/``traceback`` when it could not be traced.
+    ``untested``: installed sites whose integration has no verification driver (not traced).
+    ``verdicts``: trace only the sites whose status verdict (in the child) is one of these.
     """
     if mode not in MODES:
         raise ValueError("mode must be one of %s, got %r" % (", ".join(MODES), mode))
@@ -110,6 +112,8 @@ def run_graph_check(timeout=600.0, python=None, replicas=2, mode="shim", env=Non
         raise ValueError("replicas must be at least 2 (the all-reduce is a no-op with fewer), got %r" % replicas)
     python = python or sys.executable
     argv = [python, "-m", "tpu_closure_fix.verify.graph", "--child", "--mode", mode]
+    if verdicts:
+        argv += ["--verdicts", ",".join(verdicts)]
     with _child.only_this_package_on_path(child_environment(replicas, mode, timeout, env)) as (child_env, folder):
         # working directory = the private folder: ``-m`` puts it first on sys.path
         run = _child.run_child(argv, timeout, env=child_env, cwd=folder)
@@ -374,9 +378,9 @@ def _versions():
     return versions
 
 
-def child_main(mode):
+def child_main(mode, verdicts=None):
     t0 = time.monotonic()
-    payload = {"ok": False, "error": None, "sites": {}}
+    payload = {"ok": False, "error": None, "sites": {}, "untested": []}
     try:
         if mode == "shim":
             import tpu_closure_fix  # noqa: F401 - enables the shim unless TPU_CLOSURE_FIX=0
@@ -385,9 +389,12 @@ def child_main(mode):
         from . import table
 
         payload["versions"] = _versions()
-        chosen = table.sites_to_verify()
-        if not chosen:
-            raise LookupError("no installed call site to trace (none patched, fixed upstream or disabled)")
+        chosen = [(record, row) for record, row in table.sites_to_verify()
+                  if not verdicts or record["verdict"] in verdicts]
+        payload["untested"] = table.untested(chosen)
+        chosen = [(record, row) for record, row in chosen if table.missing_driver(row) is None]
+        if not chosen and not payload["untested"]:
+            raise LookupError("no installed call site to trace (none patched, fixed upstream, guarded or disabled)")
         for record, row in chosen:
             # a fresh replica process per site: a traced step leaves a pending collective behind
             per_replica = pjrt.run_multiprocess(_replica_main, mode, row.variant)
@@ -399,7 +406,7 @@ def child_main(mode):
         errors = ["%s: %s" % (name, s["error"]) for name, s in payload["sites"].items() if s.get("error")]
         if errors:
             payload["error"] = "; ".join(errors)
-        payload["ok"] = not errors
+        payload["ok"] = not errors and bool(payload["sites"])
     except BaseException as exc:  # noqa: BLE001
         import traceback
 
@@ -419,12 +426,14 @@ def main(argv=None):
     ap.add_argument("--mode", default="shim", choices=MODES)
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--verdicts", default="", help="only sites with one of these status verdicts (comma-separated)")
     ap.add_argument("--python", default=None)
     ap.add_argument("--ir", action="store_true", help="print the full IR of each site")
     args = ap.parse_args(argv)
+    verdicts = [v for v in args.verdicts.split(",") if v]
     if args.child:
-        return child_main(args.mode)
-    res = run_graph_check(args.timeout, python=args.python, replicas=args.replicas, mode=args.mode)
+        return child_main(args.mode, verdicts)
+    res = run_graph_check(args.timeout, python=args.python, replicas=args.replicas, mode=args.mode, verdicts=verdicts)
     if not args.ir:
         for site in res.get("sites", {}).values():
             site.pop("ir", None)

@@ -8,16 +8,19 @@ an integration; its driver, ``tpu_closure_fix.integrations.<integration>.verify`
 run one optimizer step through that integration's code (see :mod:`tpu_closure_fix.verify`).
 """
 import importlib
+import importlib.util
 from collections import namedtuple
 
 from .. import sites as _sites
 
-__all__ = ["VERIFIED_VERDICTS", "Target", "site_id", "sites_to_verify", "row_by_variant", "resolve", "driver_for"]
+__all__ = ["VERIFIED_VERDICTS", "Target", "site_id", "sites_to_verify", "row_by_variant", "resolve", "driver_for",
+           "missing_driver", "untested"]
 
-#: Status verdicts whose code a self-test runs: the shim's wrapper, the upstream fix, or (shim
-#: switched off) the original buggy code, which the self-test must show as buggy.  Sites that are
-#: skipped or failed are reported unprotected by the status alone.
-VERIFIED_VERDICTS = ("patched", "fixed upstream", "disabled")
+#: Status verdicts whose code a self-test runs: the shim's wrapper, the upstream fix, a site whose
+#: buggy call goes through the patched guard, or (shim switched off) the original buggy code, which
+#: the self-test must show as buggy.  Sites that are skipped or failed are reported unprotected by
+#: the status alone.
+VERIFIED_VERDICTS = ("patched", "fixed upstream", "guarded", "disabled")
 
 #: ``owner``: the class named by the qualname (None for a module-level function);
 #: ``attribute``: the method or function name; ``function``: what is there now (maybe our wrapper).
@@ -27,10 +30,6 @@ Target = namedtuple("Target", "row module owner attribute function")
 def site_id(row):
     """``module:qualname``, the name reports use for a site."""
     return "%s:%s" % (row.module, row.qualname)
-
-
-def integration_of(row):
-    return getattr(row, "integration", None) or "lightning"  # TODO(core merge): row.integration
 
 
 def row_by_variant(variant):
@@ -44,7 +43,8 @@ def sites_to_verify(records=None):
     """``[(status record, row)]`` for every installed site that a self-test should drive.
 
     Imports the installed call-site modules first (as ``check`` does).  Rows that only inherit
-    the method (``inherits``) are covered by their base row and left out.
+    the method (``inherits``) are covered by their base row and left out; so are records the engine
+    matched to no row (a guarded site of an unknown release: the guard's own row is verified).
     """
     if records is None:
         from .. import report
@@ -74,11 +74,28 @@ def resolve(row):
     return Target(row, module, owner, attribute, function)
 
 
+def _driver_name(row):
+    return "tpu_closure_fix.integrations.%s.verify" % row.integration
+
+
+def missing_driver(row):
+    """None when the row's integration has a verification driver, else why not (one line)."""
+    try:
+        found = importlib.util.find_spec(_driver_name(row)) is not None
+    except ImportError:
+        found = False
+    if found:
+        return None
+    return "the %s integration has no verification driver (tpu_closure_fix/integrations/%s/verify.py)" \
+        % (row.integration, row.integration)
+
+
+def untested(chosen):
+    """The chosen ``(record, row)`` pairs no driver can drive, as report entries."""
+    return [{"site": site_id(row), "variant": row.variant, "verdict": record["verdict"], "reason": why}
+            for record, row in chosen for why in [missing_driver(row)] if why]
+
+
 def driver_for(row):
     """The integration's verification driver module (``integrations/<name>/verify.py``)."""
-    name = integration_of(row)
-    try:
-        return importlib.import_module("tpu_closure_fix.integrations.%s.verify" % name)
-    except ImportError as exc:
-        raise LookupError("no verification driver for integration %r (tpu_closure_fix/integrations/%s/verify.py):"
-                          " %s" % (name, name, exc))
+    return importlib.import_module(_driver_name(row))
