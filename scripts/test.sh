@@ -10,7 +10,7 @@
 # (`--smoke`: one target per call-site family; `--targets A,B`; `--no-prune` keeps every
 # target folder, about 2.3 GiB, instead of deleting each after its tests: its wheels stay
 # cached in .cache/wheels either way).  Free disk is printed before each stage.  Disk under
-# .cache/: the two torch_xla venvs take 5.0 GiB (2.1) and 7.1 GiB (2.9) and are kept for the next
+# .cache/: the two torch_xla venvs take 5.1 GiB (2.1) and 7.1 GiB (2.9) (du -h) and are kept for the next
 # run; with the base venv (0.9 GiB), the demo's dependencies (0.3 GiB), the wheel cache and the
 # matrix's two target folders the run peaks at about 14 GiB.
 set -uo pipefail
