@@ -1,53 +1,75 @@
 #!/usr/bin/env bash
-# Build the real-torch_xla (CPU/PJRT) environment used by the graph-evidence tier.
+# Build a real-torch_xla (CPU/PJRT) environment for the graph-evidence tier.
 #
-#   scripts/xla_env.sh [DIR]      (default: <repo>/.cache/xla-venv)
+#   scripts/xla_env.sh [TIER] [DIR]     TIER: 2.1 (default) or 2.9
+#                                       DIR:  default <repo>/.cache/xla-venv-<TIER>
 #
-# Creates a venv with torch==2.1.0 + torch_xla==2.1.0 from PyPI (the CUDA build of
-# torch comes along, ~5 GiB; it still runs on the CPU), pytorch-lightning 1.8.6
-# installed with --no-deps plus the pinned packages it needs to import, and wrapt.
-# When <repo>/pyproject.toml exists this repo's package is installed too
-# (--no-deps, refreshed on every run; a failure there only warns: the tests put the
-# repo on PYTHONPATH).  Idempotent: the heavy part is skipped when the stamp file
-# matches.  All progress goes to stderr; stdout is exactly one line, the interpreter:
-#   XLA_PY=$(bash scripts/xla_env.sh)   ->   <DIR>/bin/python
+# Tiers (each a venv of its own; the Lightning packages go in with --no-deps plus the
+# pinned packages they need to import, so the resolver can never move torch):
+#   2.1  torch==2.1.0 + torch_xla==2.1.0, pytorch-lightning 1.8.6 (vendors lightning_lite):
+#        the releases with the bug.  About 5.1 GiB.
+#   2.9  torch==2.9.0 + torch_xla==2.9.0, lightning-fabric 2.6.6, pytorch-lightning 2.6.6 and
+#        lightning 2.6.6: the current stack (Fabric patched by the shim, the Trainer fixed
+#        upstream).  About 7 GiB.
+# PyPI's torch for Linux is the CUDA build: its nvidia-* wheels come along; it still runs on
+# the CPU.  wrapt is installed too.  When <repo>/pyproject.toml exists this repo's package is
+# installed (--no-deps, refreshed on every run; a failure there only warns: the tests put the
+# repo on PYTHONPATH).  Idempotent: the heavy part is skipped when the stamp file matches.
+# All progress goes to stderr; stdout is exactly one line, the interpreter:
+#   XLA_PY=$(bash scripts/xla_env.sh 2.9)   ->   <DIR>/bin/python
 #
-# Disk: the finished venv takes about 5.1 GiB.  To keep the peak close to that, the
-# packages are resolved once (pip --dry-run --report) and then installed in stages,
-# the large CUDA/torch wheels one pip call each (a downloaded wheel is freed when its
-# call ends), never through pip's cache (--no-cache-dir).  Before building, the free
-# space of DIR's file system is checked against XLA_ENV_NEED_GB (default 6); too
-# little is an error that names both figures.  A venv this script created and could
-# not finish is deleted again, so a failed build leaves no gigabytes behind.
+# Disk: to keep the peak close to the finished size, the packages are resolved once
+# (pip --dry-run --report) and then installed in stages, the large CUDA/torch wheels one pip
+# call each (a downloaded wheel is freed when its call ends), never through pip's cache
+# (--no-cache-dir).  Before building, the free space of DIR's file system is checked against
+# XLA_ENV_NEED_GB (default: 6 for 2.1, 9 for 2.9); too little is an error that names both
+# figures.  A venv this script created and could not finish is deleted again, so a failed
+# build leaves no gigabytes behind.
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-DIR="${1:-$REPO/.cache/xla-venv}"
+TIER="${1:-2.1}"
 PY_BOOT="${XLA_ENV_BOOT_PYTHON:-python3}"
-STAMP="$DIR/.tpu-closure-fix-xla-env"
 
 # Everything that decides the content of the venv; changing it rebuilds.
-TORCH_PINS=(torch==2.1.0 torch_xla==2.1.0)
-NODEPS_PINS=(
-  pytorch-lightning==1.8.6
-  torchmetrics==0.11.4
-  lightning-utilities==0.5.0
-  tensorboardX==2.6
-)
-SUPPORT_PINS=(
-  "numpy<2"
-  "protobuf<4"
-  "setuptools<82"
-  "fsspec"
-  "PyYAML"
-  "tqdm"
-  "packaging"
-  "typing_extensions"
-  "wrapt"
-)
-SPEC="v2 ${TORCH_PINS[*]} | ${NODEPS_PINS[*]} | ${SUPPORT_PINS[*]}"
+SUPPORT_PINS=("fsspec" "PyYAML" "tqdm" "packaging" "typing_extensions" "wrapt")
+case "$TIER" in
+  2.1)
+    TORCH_PINS=(torch==2.1.0 torch_xla==2.1.0)
+    NODEPS_PINS=(
+      pytorch-lightning==1.8.6
+      torchmetrics==0.11.4
+      lightning-utilities==0.5.0
+      tensorboardX==2.6
+    )
+    SUPPORT_PINS+=("numpy<2" "protobuf<4" "setuptools<82")
+    # module:Class pairs that must import once the venv is complete
+    IMPORTS="pytorch_lightning.plugins.precision.tpu:TPUPrecisionPlugin lightning_lite.plugins.precision.tpu:TPUPrecision"
+    DEFAULT_NEED_GB=6
+    ;;
+  2.9)
+    TORCH_PINS=(torch==2.9.0 torch_xla==2.9.0)
+    NODEPS_PINS=(
+      lightning-fabric==2.6.6
+      pytorch-lightning==2.6.6
+      lightning==2.6.6
+      torchmetrics==1.9.0
+      lightning-utilities==0.15.3
+    )
+    SUPPORT_PINS+=("numpy")
+    IMPORTS="lightning_fabric.plugins.precision.xla:XLAPrecision pytorch_lightning.plugins.precision.xla:XLAPrecision lightning.fabric.plugins.precision.xla:XLAPrecision"
+    DEFAULT_NEED_GB=9
+    ;;
+  *)
+    echo "[xla_env] ERROR: unknown tier '$TIER' (accepted: 2.1, 2.9)" >&2
+    exit 2
+    ;;
+esac
+DIR="${2:-$REPO/.cache/xla-venv-$TIER}"
+STAMP="$DIR/.tpu-closure-fix-xla-env"
+SPEC="v3 tier $TIER: ${TORCH_PINS[*]} | ${NODEPS_PINS[*]} | ${SUPPORT_PINS[*]}"
 
-NEED_GB="${XLA_ENV_NEED_GB:-6}"
+NEED_GB="${XLA_ENV_NEED_GB:-$DEFAULT_NEED_GB}"
 if [[ ! "$NEED_GB" =~ ^[0-9]+([.][0-9]+)?$ ]]; then
   echo "[xla_env] ERROR: XLA_ENV_NEED_GB=$NEED_GB is not a number of GiB (accepted: e.g. 6 or 5.5)" >&2
   exit 2
@@ -62,17 +84,23 @@ free_gb() {  # free space, in GiB, of the file system that holds $1 (or its near
 }
 
 check_imports() {
-  "$DIR/bin/python" - <<'PY'
-import os
+  "$DIR/bin/python" - $IMPORTS <<'PY'
+import importlib, os, sys
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 import torch, torch_xla, torch_xla.core.xla_model as xm  # noqa: F401
-import pytorch_lightning as pl
-from pytorch_lightning.plugins.precision.tpu import TPUPrecisionPlugin  # noqa: F401
-from lightning_lite.plugins.precision.tpu import TPUPrecision  # noqa: F401
 import wrapt  # noqa: F401
-import sys
-print(f"[xla_env] torch {torch.__version__}, torch_xla {torch_xla.__version__}, "
-      f"pytorch_lightning {pl.__version__}", file=sys.stderr)
+for pair in sys.argv[1:]:
+    module, name = pair.split(":")
+    getattr(importlib.import_module(module), name)
+from importlib.metadata import version
+found = []
+for dist in ("pytorch-lightning", "lightning-fabric", "lightning"):
+    try:
+        found.append(f"{dist} {version(dist)}")
+    except Exception:
+        pass
+print(f"[xla_env] torch {torch.__version__}, torch_xla {torch_xla.__version__}, " + ", ".join(found),
+      file=sys.stderr)
 PY
 }
 
@@ -87,8 +115,8 @@ else
     log "free disk for $DIR: ${free} GiB (needs about ${NEED_GB} GiB: XLA_ENV_NEED_GB)"
     if awk -v f="$free" -v n="$NEED_GB" 'BEGIN { exit !(f < n) }'; then
       log "ERROR: not enough disk to build the torch_xla environment: ${free} GiB free where $DIR would go," \
-          "about ${NEED_GB} GiB needed (torch 2.1.0 with its CUDA libraries, torch_xla 2.1.0)." \
-          "Free some space, or give another folder: bash scripts/xla_env.sh /bigger/disk/xla-venv"
+          "about ${NEED_GB} GiB needed (${TORCH_PINS[*]} with the CUDA libraries)." \
+          "Free some space, or give another folder: bash scripts/xla_env.sh $TIER /bigger/disk/xla-venv-$TIER"
       exit 1
     fi
     log "creating venv $DIR with $("$PY_BOOT" --version 2>&1)"

@@ -1,98 +1,261 @@
 """``tpu-closure-fix check``: am I affected, and am I protected?
 
 1. the status table (every installed call site, imported now);
-2. the event-order self-test against the classes actually installed (child
-   process, recording stand-in for torch_xla: needs no hardware);
-3. where torch_xla is importable: the graph check on the real runtime (CPU
-   thread replicas here, real devices on a TPU VM), which never executes a
-   collective: exactly one all-reduce per step, fed by the backward, feeding
-   the update.
+2. the event-order self-test against the code actually in place (child process, recording
+   stand-in for torch_xla: needs no hardware);
+3. where torch_xla is importable: the graph check on the real runtime (CPU thread replicas here,
+   real devices on a TPU VM), which never executes a collective: exactly one all-reduce per step,
+   fed by the backward, feeding the update.
 
-One verdict line; exit 1 when an affected site is unprotected or a self-test fails.
+Both self-tests drive the class and method of the call-site table's row that matched the loaded
+release (:mod:`tpu_closure_fix.verify.table`).  The result is one of three outcomes, each with its
+exit code and a one-line reason (:func:`decide`):
+
+* ``protected`` (0): every installed affected site is patched, guarded or fixed upstream, and every
+  self-test that ran shows the fixed order (a site whose integration has no verification driver
+  yet is named in the reason as having no self-test);
+* ``unprotected`` (1): a site runs the buggy code, or a self-test saw the buggy order; the reason
+  names the site and why;
+* ``could not verify`` (3): a self-test could not run (or nothing is installed to test); the reason
+  names what failed, with its exception line, and what to do.  Never reported as unprotected: a
+  failing check says nothing about the training code.
 """
 import json
 import os
+from collections import namedtuple
+
+PROTECTED, UNPROTECTED, NOT_VERIFIED = "protected", "unprotected", "could not verify"
+EXIT_CODES = {PROTECTED: 0, UNPROTECTED: 1, NOT_VERIFIED: 3}
+
+Outcome = namedtuple("Outcome", "name exit_code reason")
+
+_WHAT_TO_DO = ("run `tpu-closure-fix check --json` for the details (the child's traceback); `--no-graph` "
+               "runs the event-order self-test alone")
 
 
 def add_parser(subparsers):
-    parser = subparsers.add_parser("check", help="status + self-tests (event order; XLA graph where torch_xla "
-                                                 "is importable); exit 1 if unprotected")
+    parser = subparsers.add_parser(
+        "check", help="status + self-tests (event order; XLA graph where torch_xla is importable); "
+                      "exit 0 protected, 1 unprotected, 3 could not verify")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--no-graph", action="store_true", help="skip the torch_xla graph check")
-    parser.add_argument("--xla-python", help="python of an environment with torch_xla for the graph check "
-                                             "(default: this interpreter)")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per self-test process (default 600)")
+    parser.add_argument("--xla-python", type=_existing_python,
+                        help="python of an environment with torch_xla for the graph check (default: this interpreter)")
+    parser.add_argument("--timeout", type=_positive_seconds, default=600,
+                        help="seconds per self-test process (default 600)")
     parser.set_defaults(func=run)
     return parser
 
 
+def _existing_python(text):
+    import argparse
+
+    path = os.path.abspath(text)
+    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise argparse.ArgumentTypeError("%s is not an executable file (give the python of an environment "
+                                         "with torch_xla, e.g. /path/to/venv/bin/python)" % text)
+    return path
+
+
+def _positive_seconds(text):
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError("%r is not a number of seconds > 0 (e.g. 600)" % text)
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# the outcome: a pure function of what the three steps found
+# ----------------------------------------------------------------------------------------------
+
+def _first_and_more(items):
+    """The first finding, and how many more things failed (several findings about one site count once)."""
+    keys = []
+    for key, _ in items:
+        if key not in keys:
+            keys.append(key)
+    more = len(keys) - 1
+    return items[0][1] + ("" if more == 0 else " (and %d more)" % more)
+
+
+def _order_of(events, limit=6):
+    return " > ".join(events[:limit]) + (" ..." if len(events) > limit else "")
+
+
+def _graph_sites(graph):
+    return (graph or {}).get("sites") or {}
+
+
+def _unprotected_reasons(unprotected, events, graph):
+    reasons = []
+    for r in unprotected:
+        site = "%s:%s" % (r["module"], r["method"])
+        reasons.append((site, "%s runs the buggy order (%s%s)" % (site, r["verdict"],
+                                                                  ": " + r["reason"] if r.get("reason") else "")))
+    for site in events.get("sites", []):
+        if site.get("error") is None and not site.get("ok"):
+            reasons.append((site["site"], "%s: the event-order self-test saw the gradients reduced before the "
+                                          "backward (%s)" % (site["site"], _order_of(site.get("events", [])))))
+    from .verify.graph import site_ok
+
+    for name, info in _graph_sites(graph).items():
+        if not info.get("error") and not site_ok(info):
+            reasons.append((name, "%s: the traced XLA step holds %s all-reduce(s), from the backward: %s, feeding "
+                                  "the update: %s" % (name, info.get("all_reduce_count"),
+                                                      info.get("operands_from_backward"),
+                                                      info.get("update_consumes_all_reduce"))))
+    return reasons
+
+
+def _not_verified_reasons(events, graph, graph_unavailable):
+    reasons = []
+    if events.get("error"):
+        reasons.append(("self-test", "the event-order self-test failed: %s" % events["error"]))
+    for site in events.get("sites", []):
+        if site.get("error"):
+            reasons.append((site["site"], "the event-order self-test of %s failed: %s" % (site["site"], site["error"])))
+    if graph_unavailable:
+        reasons.append(("graph", graph_unavailable))
+    if graph:
+        site_errors = [(name, "the XLA graph check of %s: %s" % (name, info["error"]))
+                       for name, info in _graph_sites(graph).items() if info.get("error")]
+        if site_errors:
+            reasons.extend(site_errors)
+        elif graph.get("error"):
+            reasons.append(("graph", "the XLA graph check failed: %s" % graph["error"]))
+    if not reasons and not events.get("sites"):
+        untested = events.get("untested") or []
+        if untested:
+            reasons.extend((u["site"], "no self-test covers %s (%s)" % (u["site"], u["reason"])) for u in untested)
+        else:
+            reasons.append(("-", "no installed call site to test (nothing the shim patches or verifies is "
+                                 "installed here)"))
+    return reasons
+
+
+def decide(unprotected, events, graph, graph_unavailable=None):
+    """The outcome of a check.
+
+    ``unprotected``: status records of installed sites that run the buggy code; ``events``: the
+    event-order self-test's result; ``graph``: the graph check's result, or None when it did not
+    run (``False``: not asked for); ``graph_unavailable``: why a graph check that was asked for
+    could not start, or None.
+    """
+    reasons = _unprotected_reasons(unprotected, events, graph)
+    if reasons:
+        return Outcome(UNPROTECTED, EXIT_CODES[UNPROTECTED], "UNPROTECTED: " + _first_and_more(reasons) + ".")
+    reasons = _not_verified_reasons(events, graph, graph_unavailable)
+    if reasons:
+        return Outcome(NOT_VERIFIED, EXIT_CODES[NOT_VERIFIED],
+                       "COULD NOT VERIFY: %s. What you can do: %s." % (_first_and_more(reasons), _WHAT_TO_DO))
+    untested = events.get("untested") or []
+    sites = len(events.get("sites", [])) + len(untested)
+    if graph:
+        evidence = "event order and XLA graph (%d traced) right" % len(_graph_sites(graph))
+    else:
+        evidence = "event order right; XLA graph not checked (%s)" % ("--no-graph" if graph is False else
+                                                                      "torch_xla is not importable here")
+    if untested:
+        evidence += "; %d site(s) without a self-test: %s" % (len(untested), ", ".join(u["site"] for u in untested))
+    return Outcome(PROTECTED, EXIT_CODES[PROTECTED],
+                   "PROTECTED: %d call site(s) patched, guarded or fixed upstream; %s." % (sites, evidence))
+
+
+# ----------------------------------------------------------------------------------------------
+# running the steps and printing
+# ----------------------------------------------------------------------------------------------
+
+def _run_graph(args):
+    """(graph result or None, why it could not start or None).  ``False`` for --no-graph."""
+    if args.no_graph:
+        return False, None
+    from .verify import graph as graphcheck
+
+    if not graphcheck.graph_check_available(python=args.xla_python):
+        if args.xla_python:
+            return None, "--xla-python %s cannot import torch_xla" % args.xla_python
+        return None, None
+    # another interpreter has its own site-packages: our PYTHONPATH (e.g. a --target install of a
+    # framework built for this interpreter's torch) must not leak into it
+    env = {"PYTHONPATH": ""} if args.xla_python else None
+    return graphcheck.run_graph_check(timeout=args.timeout, python=args.xla_python, env=env), None
+
+
 def run(args):
-    from . import report, selftest
+    from . import report
+    from .verify import events as eventcheck
 
     failures = report.import_installed_sites()
     records = report.status(import_errors=failures)
     unprotected = report.unprotected(records)
-    events = selftest.run_event_check(timeout=args.timeout)
-    graph = None
-    if not args.no_graph:
-        from . import graphcheck
-
-        xla_python = os.path.abspath(args.xla_python) if args.xla_python else None
-        if graphcheck.graph_check_available(python=xla_python):
-            # another interpreter has its own site-packages: our PYTHONPATH (e.g. a --target install of
-            # Lightning built for this interpreter's torch) must not leak into it
-            env = {"PYTHONPATH": ""} if xla_python else None
-            graph = graphcheck.run_graph_check(timeout=args.timeout, python=xla_python, env=env)
-    graph_ok = graph is None or _graph_ok(graph)
-    events_ok = bool(events) and all(e["ok"] for e in events)
-    ok = not unprotected and events_ok and graph_ok
-    if ok:
-        line = "PROTECTED: %d call site(s) patched or fixed upstream; event order%s right." % (
-            sum(r["verdict"] in ("patched", "fixed upstream") for r in records),
-            " and XLA graph" if graph is not None else "")
-    elif not events:
-        line = "NOT VERIFIED: no installed Lightning TPU call site to test."
-    else:
-        line = "UNPROTECTED: %d site(s) run the buggy code; %d self-test(s) failed." % (
-            len(unprotected), sum(not e["ok"] for e in events) + (0 if graph_ok else 1))
+    events = eventcheck.run_event_check(timeout=args.timeout)
+    graph, graph_unavailable = _run_graph(args)
+    outcome = decide(unprotected, events, graph, graph_unavailable)
     if args.json:
-        print(json.dumps({"ok": ok, "verdict": line, "status": records, "event_check": events, "graph_check": graph},
-                         indent=2, default=str))
-        return 0 if ok else 1
+        print(json.dumps({"outcome": outcome.name, "exit_code": outcome.exit_code, "reason": outcome.reason,
+                          "ok": outcome.name == PROTECTED, "status": records, "event_check": events,
+                          "graph_check": graph if graph is not False else None}, indent=2, default=str))
+        return outcome.exit_code
     print(report.render_table(records))
-    print("\nEvent-order self-test (recording stand-in for torch_xla, no hardware):")
-    for e in events:
-        order = " > ".join(e["events"][:8]) + (" ..." if len(e["events"]) > 8 else "")
-        print("  %-4s %s\n       %s%s" % ("ok" if e["ok"] else "FAIL", e["site"], order,
-                                         ("\n       error: " + e["error"]) if e["error"] else ""))
-    if graph is not None:
-        print("\nXLA graph check (real torch_xla, collectives traced, never executed):")
-        for path, info in sorted(_graph_paths(graph).items()):
-            if info.get("error"):
-                print("  FAIL %s: %s" % (path, info["error"]))
-                continue
-            print("  %-4s %s: all-reduce per step = %s, from backward = %s, feeds update = %s" % (
-                "ok" if _path_ok(info) else "FAIL", path, info.get("all_reduce_count"),
-                info.get("operands_from_backward"), info.get("update_consumes_all_reduce")))
-            for ir_line in info.get("excerpt", [])[-5:]:
-                print("         " + ir_line.split(", xla_shape=")[0])
-    elif not args.no_graph:
-        print("\nXLA graph check: skipped (torch_xla is not importable here).")
-    print("\n" + line)
-    return 0 if ok else 1
+    print()
+    print("\n".join(render_events(events)))
+    print()
+    print("\n".join(render_graph(graph, graph_unavailable)))
+    print("\n" + outcome.reason)
+    return outcome.exit_code
 
 
-def _graph_paths(graph):
-    paths = graph.get("paths", graph) if isinstance(graph, dict) else {}
-    # a path that raised counts (as a failure); one with nothing installed to trace ("skipped") does not
-    return {k: v for k, v in paths.items() if isinstance(v, dict) and "skipped" not in v}
+def render_events(events):
+    lines = ["Event-order self-test (recording stand-in for torch_xla, no hardware):"]
+    for site in events.get("sites", []):
+        lines.append("  %-4s %s (%s)" % ("ok" if site["ok"] else "FAIL", site["site"], site["verdict"]))
+        if site.get("error"):
+            lines.append("       could not run: " + site["error"])
+        else:
+            lines.append("       " + _order_of(site.get("events", []), 8))
+    lines.extend(_render_untested(events))
+    if events.get("error"):
+        lines.append("  could not run: " + events["error"])
+    elif not events.get("sites") and not events.get("untested"):
+        lines.append("  nothing to test: no installed call site")
+    return lines
 
 
-def _path_ok(info):
-    return info.get("all_reduce_count") == 1 and bool(info.get("operands_from_backward")) and \
-        bool(info.get("update_consumes_all_reduce"))
+def _render_untested(result):
+    lines = []
+    for entry in result.get("untested") or []:
+        lines.append("  --   %s (%s)" % (entry["site"], entry["verdict"]))
+        lines.append("       not self-tested: " + entry["reason"])
+    return lines
 
 
-def _graph_ok(graph):
-    paths = _graph_paths(graph)
-    return bool(paths) and all(_path_ok(info) for info in paths.values())
+def render_graph(graph, graph_unavailable=None):
+    lines = ["XLA graph check (real torch_xla, collectives traced, never executed):"]
+    if graph is False:
+        return lines + ["  not run (--no-graph)"]
+    if graph is None:
+        return lines + ["  not run: " + (graph_unavailable or "torch_xla is not importable here")]
+    from .verify.graph import site_ok
+
+    sites = _graph_sites(graph)
+    for name, info in sites.items():
+        state = info.get("verdict", "?") + (", wrapped by the shim" if info.get("wrapped_by_shim") else "")
+        if info.get("error"):
+            lines.append("  FAIL %s (%s)\n       could not trace: %s" % (name, state, info["error"]))
+            continue
+        lines.append("  %-4s %s (%s): all-reduce per step = %s, from backward = %s, feeds update = %s" % (
+            "ok" if site_ok(info) else "FAIL", name, state, info.get("all_reduce_count"),
+            info.get("operands_from_backward"), info.get("update_consumes_all_reduce")))
+        for ir_line in info.get("excerpt", [])[-5:]:
+            lines.append("         " + ir_line.split(", xla_shape=")[0])
+    lines.extend(_render_untested(graph))
+    if graph.get("error") and not any(info.get("error") for info in sites.values()):
+        lines.append("  could not run: " + graph["error"])
+    elif not sites and not graph.get("untested"):
+        lines.append("  nothing traced")
+    return lines

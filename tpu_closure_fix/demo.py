@@ -25,7 +25,6 @@ pytorch-lightning 1.5-1.8 (made with 1.8.6)::
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 
@@ -78,6 +77,10 @@ def _lightning_problem():
     return None
 
 
+#: Hard limit for one run of the replicas (both shim modes run one after the other).
+REPLICA_TIMEOUT = 600
+
+
 def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -85,45 +88,39 @@ def _free_port():
 
 
 def _run_replicas(args, shim, out, bar):
-    """Start the replicas of one run, follow rank 0's progress lines, return rank -> result."""
+    """Run the replicas of one run (hard timeout), follow rank 0's progress lines, return rank -> result.
+
+    Each replica's stderr is kept in ``<out>/logs/shim<0|1>-rank<N>.log``."""
+    from .verify.child import python_command, run_children
+
     port = _free_port()
     logs = os.path.join(out, "logs")
     os.makedirs(logs, exist_ok=True)
     env = dict(os.environ)
     env.update({"TPU_CLOSURE_FIX": "1" if shim else "0", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
                 "PYTHONUNBUFFERED": "1"})
-    procs = []
-    for rank in range(args.replicas):
-        cfg = {"rank": rank, "world": args.replicas, "port": port, "epochs": args.epochs, "batch": args.batch_size,
-               "lr": args.lr, "smoke": args.smoke, "synccheck": args.synccheck_every,
-               "result": os.path.join(logs, "shim%d-rank%d.json" % (int(shim), rank))}
-        log = open(os.path.join(logs, "shim%d-rank%d.log" % (int(shim), rank)), "w")
-        proc = subprocess.Popen([sys.executable, "-m", "tpu_closure_fix.demo", "--worker", json.dumps(cfg)],
-                                env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                                stderr=log, universal_newlines=True)
-        procs.append((proc, cfg, log))
-    try:
-        for line in procs[0][0].stdout:  # rank 0: "step N/TOTAL" per optimizer step
-            if line.startswith("step ") and bar is not None:
-                done, total = line.split()[1].split("/")
-                bar.total = int(total)
-                bar.update(int(done) - bar.n)
-        results = {}
-        for proc, cfg, log in procs:
-            code = proc.wait(timeout=600)
-            log.close()
-            if code != 0:
-                with open(log.name) as handle:
-                    tail = handle.read()[-3000:]
-                raise RuntimeError("replica %d (shim %s) exited %d; its log %s ends with:\n%s"
-                                   % (cfg["rank"], "on" if shim else "off", code, log.name, tail))
-            with open(cfg["result"]) as handle:
-                results[cfg["rank"]] = json.load(handle)
-    finally:
-        for proc, _, log in procs:
-            if proc.poll() is None:
-                proc.kill()
-            log.close()
+    configs = [{"rank": rank, "world": args.replicas, "port": port, "epochs": args.epochs, "batch": args.batch_size,
+                "lr": args.lr, "smoke": args.smoke, "synccheck": args.synccheck_every,
+                "result": os.path.join(logs, "shim%d-rank%d.json" % (int(shim), rank))}
+               for rank in range(args.replicas)]
+
+    def progress(index, line):  # rank 0 prints "step N/TOTAL" per optimizer step
+        if index == 0 and line.startswith("step ") and bar is not None:
+            done, total = line.split()[1].split("/")
+            bar.total = int(total)
+            bar.update(int(done) - bar.n)
+
+    runs = run_children([python_command("tpu_closure_fix.demo", "--worker", json.dumps(cfg)) for cfg in configs],
+                        REPLICA_TIMEOUT, env=env, result_files=[cfg["result"] for cfg in configs], on_line=progress)
+    results = {}
+    for cfg, run in zip(configs, runs):
+        log = os.path.join(logs, "shim%d-rank%d.log" % (int(shim), cfg["rank"]))
+        with open(log, "w") as handle:
+            handle.write(run.stderr)
+        if not run.ok:
+            raise RuntimeError("replica %d (shim %s) %s; its log %s ends with:\n%s"
+                               % (cfg["rank"], "on" if shim else "off", run.error, log, run.stderr_tail(3000)))
+        results[cfg["rank"]] = run.payload
     return results
 
 

@@ -8,7 +8,6 @@ Lightning release); with it, a target that does not import is a failure.
 import json
 import os
 import socket
-import subprocess
 import sys
 
 import pytest
@@ -77,33 +76,20 @@ def child_env(shim, extra=None):
 
 
 def run_replicas(scenarios, shim, tmp_path, world=REPLICAS):
-    """Run ``world`` replica processes (support.replica) and return rank -> result JSON."""
+    """Run ``world`` replica processes (support.replica; hard timeout) and return rank -> result JSON."""
+    from tpu_closure_fix.verify.child import run_children
+
     port = _free_port()
-    procs = []
-    for rank in range(world):
-        out = tmp_path / ("shim%d-rank%d.json" % (int(shim), rank))
-        cmd = [sys.executable, "-m", "support.replica", "--rank", str(rank), "--world", str(world),
-               "--port", str(port), "--scenarios", json.dumps(scenarios), "--out", str(out)]
-        log = open(str(out) + ".log", "w")
-        procs.append((subprocess.Popen(cmd, env=child_env(shim), stdout=log, stderr=subprocess.STDOUT, cwd=TESTS),
-                      out, log))
-    results = {}
-    try:
-        for rank, (proc, out, log) in enumerate(procs):
-            code = proc.wait(timeout=TIMEOUT)
-            log.close()
-            if code != 0:
-                with open(str(out) + ".log") as handle:
-                    tail = handle.read()[-4000:]
-                raise AssertionError("replica %d (shim=%s) exited %d:\n%s" % (rank, shim, code, tail))
-            with open(str(out)) as handle:
-                results[rank] = json.load(handle)
-    finally:
-        for proc, _, log in procs:
-            if proc.poll() is None:
-                proc.kill()
-            log.close()
-    return results
+    outs = [str(tmp_path / ("shim%d-rank%d.json" % (int(shim), rank))) for rank in range(world)]
+    commands = [[sys.executable, "-m", "support.replica", "--rank", str(rank), "--world", str(world),
+                 "--port", str(port), "--scenarios", json.dumps(scenarios), "--out", out]
+                for rank, out in enumerate(outs)]
+    runs = run_children(commands, TIMEOUT, env=child_env(shim), cwd=TESTS, result_files=outs)
+    for rank, run in enumerate(runs):
+        if not run.ok:
+            raise AssertionError("replica %d (shim=%s) %s:\n%s%s" % (rank, shim, run.error, run.stdout[-2000:],
+                                                                     run.stderr_tail()))
+    return {rank: run.payload for rank, run in enumerate(runs)}
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
-"""Issue #4: ``tpu-closure-fix check`` against the installed release: protected with the shim, and the
-twin under TPU_CLOSURE_FIX=0 is reported unprotected with failing self-tests (exit 1).
+"""``tpu-closure-fix check`` against the installed release: protected with the shim (exit 0), and the
+twin under TPU_CLOSURE_FIX=0 is reported unprotected, naming a site, with failing self-tests (exit 1).
 
+The self-test drives exactly the rows of the call-site table that matched the installed release.
 The graph part needs torch_xla (tests/xla and scripts/main.sh cover it); here ``--no-graph``.
 """
 import json
@@ -8,27 +9,68 @@ import subprocess
 import sys
 
 from conftest import TESTS, child_env
+from tpu_closure_fix import sites
+from tpu_closure_fix.verify import table
 
 
-def check(shim):
-    proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", "check", "--no-graph", "--json"],
+def check(shim, *args):
+    proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", "check", "--no-graph"] + list(args),
                           env=child_env(shim), capture_output=True, text=True, timeout=600, cwd=TESTS)
-    return proc.returncode, json.loads(proc.stdout)
+    return proc.returncode, proc.stdout
+
+
+def check_json(shim):
+    code, out = check(shim, "--json")
+    return code, json.loads(out)
+
+
+def installed_rows():
+    """Status records of the installed, protected sites whose method is their own (not inherited)."""
+    proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", "status", "--json"], env=child_env(True),
+                          capture_output=True, text=True, timeout=300, cwd=TESTS)
+    records = json.loads(proc.stdout)
+    rows = {r.variant: r for r in sites.CALL_SITES}
+    return {"%s:%s" % (r["module"], r["method"]): r for r in records
+            if r["verdict"] in ("patched", "fixed upstream", "guarded") and r["variant"]
+            and not rows[r["variant"]].inherits and table.missing_driver(rows[r["variant"]]) is None}
 
 
 def test_check_with_the_shim_is_protected():
-    code, out = check(True)
-    assert code == 0 and out["ok"] is True, out["verdict"]
-    assert out["verdict"].startswith("PROTECTED")
-    assert out["event_check"] and all(e["ok"] for e in out["event_check"]), out["event_check"]
-    for e in out["event_check"]:
-        assert "reduce_gradients" in e["events"] and e["events"].index("backward") < e["events"].index(
-            "reduce_gradients") < e["events"].index("step")
+    code, out = check_json(True)
+    assert (code, out["outcome"], out["exit_code"], out["ok"]) == (0, "protected", 0, True), out["reason"]
+    assert out["reason"].startswith("PROTECTED: ") and "XLA graph not checked (--no-graph)" in out["reason"]
+    sites_tested = out["event_check"]["sites"]
+    assert sites_tested and all(e["ok"] for e in sites_tested), out["event_check"]
+    for e in sites_tested:
+        assert e["events"].index("backward") < e["events"].index("reduce_gradients") < e["events"].index("step")
+
+
+def test_check_tests_exactly_the_table_rows_of_this_release():
+    """One self-test per installed site, on the row the engine matched for this release."""
+    code, out = check_json(True)
+    expected = installed_rows()
+    tested = {e["site"]: e for e in out["event_check"]["sites"]}
+    assert sorted(tested) == sorted(expected)
+    for site, e in tested.items():
+        assert e["variant"] == expected[site]["variant"] and e["verdict"] == expected[site]["verdict"]
 
 
 def test_check_without_the_shim_twin():
-    code, out = check(False)
-    assert code == 1 and out["ok"] is False and out["verdict"].startswith("UNPROTECTED")
-    patched_sites = [e for e in out["event_check"] if e["verdict"] == "disabled"]
-    assert patched_sites and not any(e["ok"] for e in patched_sites), out["event_check"]
-    assert all(e["events"][0] == "reduce_gradients(no grads)" for e in patched_sites), out["event_check"]
+    code, out = check_json(False)
+    assert (code, out["outcome"], out["exit_code"], out["ok"]) == (1, "unprotected", 1, False), out["reason"]
+    disabled = [e for e in out["event_check"]["sites"] if e["verdict"] == "disabled"]
+    assert disabled and not any(e["ok"] for e in disabled), out["event_check"]
+    assert all(e["events"][0] == "reduce_gradients(no grads)" for e in disabled), out["event_check"]
+    # the reason names a site that runs the buggy code, and why
+    assert any(out["reason"].startswith("UNPROTECTED: %s runs the buggy order (disabled" % e["site"]) for e in disabled), \
+        out["reason"]
+
+
+def test_text_output_ends_with_the_reason_and_has_no_empty_heading():
+    for shim, code_expected, start in ((True, 0, "PROTECTED: "), (False, 1, "UNPROTECTED: ")):
+        code, text = check(shim)
+        lines = text.rstrip("\n").splitlines()
+        assert code == code_expected and lines[-1].startswith(start), text[-2000:]
+        for i, line in enumerate(lines):
+            if line.endswith(":") and not line.startswith(" "):
+                assert lines[i + 1].startswith("  ") and lines[i + 1].strip(), (line, text)

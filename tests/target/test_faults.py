@@ -14,7 +14,6 @@ what happened and why, and the user sees exactly one ``tpu-closure-fix``
 warning (none for the supported configurations: wrapt 1.14.1, zip, reload,
 read-only site-packages).
 """
-import json
 import os
 import pathlib
 import re
@@ -29,6 +28,7 @@ import zipfile
 import pytest
 
 from conftest import REPO, TARGET, TESTS
+from tpu_closure_fix.verify.child import run_child
 
 # These tests inject faults into one concrete release; the other matrix targets skip them.
 pytestmark = pytest.mark.skipif(TARGET != "pytorch-lightning==1.8.6", reason="fault tests run on PL 1.8.6 only")
@@ -173,10 +173,9 @@ def scenario(tmp_path, code=STANDARD, pythonpath=None, env=None, python=None, ar
     environ["PYTHONPATH"] = os.pathsep.join([str(tmp_path)] + list(pythonpath or [REPO, target_dir()]))
     environ.update(env or {})
     cmd = list(prefix) + [python or sys.executable] + list(args) + [str(tmp_path / "scenario.py")]
-    proc = subprocess.run(cmd, env=environ, capture_output=True, text=True, timeout=TIMEOUT, cwd=str(tmp_path))
-    assert proc.returncode == 0, "scenario failed:\n" + proc.stdout[-2000:] + proc.stderr[-4000:]
-    line = [l for l in proc.stdout.splitlines() if l.startswith("PROBE ")][-1]
-    return json.loads(line[len("PROBE "):]), proc.stderr, warnings_of(proc.stderr)
+    run = run_child(cmd, TIMEOUT, env=environ, cwd=str(tmp_path), marker="PROBE ")
+    assert run.ok, "scenario %s:\n%s%s" % (run.error, run.stdout[-2000:], run.stderr_tail())
+    return run.payload, run.stderr, warnings_of(run.stderr)
 
 
 def by_method(status):

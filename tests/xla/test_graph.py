@@ -1,115 +1,100 @@
-"""Real-torch_xla evidence tier: the traced graph of one training step.
+"""Real-torch_xla evidence tier: ``tpu-closure-fix check`` and the traced graph of one step per site.
 
-With real torch_xla 2.1.0 on CPU (``PJRT_DEVICE=CPU CPU_NUM_DEVICES=2``, replicas as threads),
-``tpu_closure_fix.graphcheck.run_graph_check`` builds one step of
+Runs in an environment built by ``scripts/xla_env.sh`` (torch_xla 2.1 + pytorch-lightning 1.8.6, or
+torch_xla 2.9 + lightning-fabric / pytorch-lightning / lightning 2.6.6) on CPU
+(``PJRT_DEVICE=CPU CPU_NUM_DEVICES=2``, replicas as threads).  For every call site the table
+patched or verified there, the graph check builds one training step through that row's class and
+method, lazily (every graph cut intercepted, no collective is ever executed: on CPU it would hang
+or abort) and analyses the pending graph of the parameters:
 
-* the Trainer path: ``LightningModule.optimizer_step`` -> ``LightningOptimizer.step`` ->
-  ``Strategy.optimizer_step`` -> ``TPUPrecisionPlugin.optimizer_step`` with Lightning's own
-  ``Closure`` (training_step, zero_grad, backward), and
-* the Lite path: ``_LiteOptimizer.step(closure)`` -> ``Strategy.optimizer_step`` ->
-  ``TPUPrecision.optimizer_step``,
-
-lazily (``xm.mark_step`` intercepted, no collective is ever executed: on CPU it would hang) and
-dumps the pending graph of the parameters.  With the shim the graph holds exactly one
-``xla::cross_replica_sum`` (HLO ``all-reduce``) fed by the backward ops and consumed by the SGD
-update; with ``TPU_CLOSURE_FIX=0`` it holds none and the update uses the local gradient.
-
-Needs the interpreter built by ``scripts/xla_env.sh`` in ``TPU_CLOSURE_FIX_XLA_PYTHON``; without
-it these tests fail under CI (env ``CI`` set) and are skipped otherwise.  The IR-parser tests at
-the bottom need nothing and always run.
+* with the shim, every site holds exactly one ``xla::cross_replica_sum`` (HLO ``all-reduce``) fed
+  by the backward ops and consumed by the SGD update; patched sites run the shim's wrapper,
+  fixed-upstream sites (the 2.6.6 Trainer) run upstream's code, untouched;
+* the twin, ``TPU_CLOSURE_FIX=0``: patched sites hold none and update from the local gradient,
+  ``check`` exits 1 naming a patched site; fixed-upstream sites keep upstream's one all-reduce;
+* the harness self-test: the upstream order written by hand gives the same graph as the shim;
+* a graph check broken on purpose (torch_xla without any ordinal API) gives "could not verify",
+  exit 3, with the exception line as the reason, in text and JSON.
 """
-import os
-import sys
+import re
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-try:  # the installed package (the test venv installs this checkout), else the checkout itself
-    from tpu_closure_fix import graphcheck  # cheap: no torch/torch_xla at import
-except ImportError:  # pragma: no cover
-    sys.path.insert(0, REPO)
-    from tpu_closure_fix import graphcheck
+from xla_tier import FIXED_UPSTREAM, PATCHED, SITES, TIMEOUT, TORCH_XLA, UNTESTED, XLA_PY, defined_where, \
+    run_check, unavailable, xla_env
+from tpu_closure_fix import sites as _sites
+from tpu_closure_fix.verify import graph as graphcheck
 
-XLA_PY = os.environ.get("TPU_CLOSURE_FIX_XLA_PYTHON", "").strip()
-TIMEOUT = float(os.environ.get("TPU_CLOSURE_FIX_XLA_TIMEOUT", "300"))  # per child, hard (group kill)
-PATHS = ("trainer", "lite")
-
-_HOW = ("build it with `XLA_PY=$(bash scripts/xla_env.sh)` and run with "
-        "TPU_CLOSURE_FIX_XLA_PYTHON=\"$XLA_PY\"")
+AVAILABLE = TORCH_XLA is not None
 
 
-def _unavailable(reason):
-    if os.environ.get("CI"):
-        pytest.fail(f"real-torch_xla tier cannot run under CI: {reason}; {_HOW}", pytrace=False)
-    pytest.skip(f"real-torch_xla tier not run: {reason}; {_HOW}")
+@defined_where(not AVAILABLE)
+def test_xla_environment_is_available():
+    unavailable()
 
 
-def _xla_python():
-    if not XLA_PY:
-        _unavailable("TPU_CLOSURE_FIX_XLA_PYTHON is not set")
-    if not os.path.exists(XLA_PY):
-        _unavailable(f"TPU_CLOSURE_FIX_XLA_PYTHON={XLA_PY!r} does not exist")
-    if not graphcheck.graph_check_available(XLA_PY):
-        _unavailable(f"torch_xla is not importable by {XLA_PY}")
-    return XLA_PY
+def check_on():
+    return run_check("shim on", {"TPU_CLOSURE_FIX": "1"})
 
 
-_cache = {}
+def check_off():
+    return run_check("TPU_CLOSURE_FIX=0", {"TPU_CLOSURE_FIX": "0"})
 
 
-def _run(label, **kwargs):
-    """One child run per configuration for the whole module (each ~15 s, hard timeout)."""
-    if label not in _cache:
-        _cache[label] = graphcheck.run_graph_check(TIMEOUT, python=_xla_python(), paths=PATHS, **kwargs)
-    res = _cache[label]
-    if not res.get("ok"):
-        pytest.fail(
-            f"graph check ({label}) failed: {res.get('error')}\n"
-            f"--- child stderr (tail) ---\n{res.get('stderr_tail', '')}\n"
-            + "".join(f"--- {p} traceback ---\n{v.get('traceback', '')}\n" for p, v in res.get("paths", {}).items()),
-            pytrace=False,
-        )
-    return res
+_reference = {}
 
 
-@pytest.fixture(scope="module")
-def shim_on():
-    return _run("shim on", mode="shim", env={"TPU_CLOSURE_FIX": "1"})
-
-
-@pytest.fixture(scope="module")
-def shim_off():
-    return _run("TPU_CLOSURE_FIX=0", mode="shim", env={"TPU_CLOSURE_FIX": "0"})
-
-
-@pytest.fixture(scope="module")
 def reference():
-    return _run("reference order, shim off", mode="reference")
+    """The graph check in "reference" mode: shim off, upstream order by hand on the patchable sites."""
+    if "res" not in _reference:
+        # the sites the shim patches (their verdict with the shim off is "disabled")
+        _reference["res"] = graphcheck.run_graph_check(TIMEOUT, python=XLA_PY, mode="reference",
+                                                       env=xla_env({"TPU_CLOSURE_FIX": "0"}), verdicts=["disabled"])
+    return _reference["res"]
 
 
-def _describe(p):
-    lines = [f"impl={p.get('impl')} events={p.get('events')}",
-             f"all_reduce_count={p.get('all_reduce_count')} hlo={p.get('hlo_all_reduce_count')} "
-             f"operands_from_backward={p.get('operands_from_backward')} "
-             f"update_consumes_all_reduce={p.get('update_consumes_all_reduce')}",
+def graph_site(out, site):
+    sites = (out.get("graph_check") or {}).get("sites") or {}
+    assert site in sites, "site %s not traced; graph check: %s" % (site, {k: v for k, v in (
+        out.get("graph_check") or {}).items() if k != "sites"})
+    return sites[site]
+
+
+def describe(p):
+    lines = ["impl=%s verdict=%s wrapped_by_shim=%s events=%s" % (p.get("impl"), p.get("verdict"),
+                                                                   p.get("wrapped_by_shim"), p.get("events")),
+             "all_reduce_count=%s hlo=%s operands_from_backward=%s update_consumes_all_reduce=%s error=%s" % (
+                 p.get("all_reduce_count"), p.get("hlo_all_reduce_count"), p.get("operands_from_backward"),
+                 p.get("update_consumes_all_reduce"), p.get("error")),
              "IR excerpt:"] + ["    " + line for line in p.get("excerpt", [])]
     return "\n".join(lines)
 
 
-def _index(events, prefix):
+def index_of(events, prefix):
     for i, e in enumerate(events):
         if e.startswith(prefix):
             return i
-    raise AssertionError(f"{prefix!r} not in {events}")
+    raise AssertionError("%r not in %s" % (prefix, events))
 
 
-# ---------------------------------------------------------------------------------- shim on
+def row_of(site):
+    module, qualname = site.split(":")
+    rows = [r for r in _sites.CALL_SITES if r.module == module and r.qualname == qualname]
+    assert rows, site
+    return rows[0]
 
-@pytest.mark.parametrize("path", PATHS)
-def test_shim_one_all_reduce_fed_by_backward_and_feeding_update(shim_on, path):
-    p = shim_on["paths"][path]
-    assert "skipped" not in p, p.get("skipped")
-    info = _describe(p)
+
+def expects_barrier(row):
+    """Does the fixed order end with a graph cut?  As the row's fix describes its order (Lite 1.8's
+    ``optimizer_step`` has none), or for upstream-fixed code, as its shape requires."""
+    if row.fix is not None:
+        return "mark_step" in row.fix.describe()
+    return "mark_step" in row.shape.requires
+
+
+def assert_one_all_reduce_from_backward_into_update(p):
+    info = describe(p)
+    assert not p.get("error"), info
     assert p["all_reduce_count"] == 1, info
     assert p["hlo_all_reduce_count"] == 1, info
     assert p["operands_from_backward"] is True, info
@@ -119,59 +104,108 @@ def test_shim_one_all_reduce_fed_by_backward_and_feeding_update(shim_on, path):
     used = sorted(o for u in p["update_ops"] for o in u["all_reduce_outputs_used"])
     assert len(used) == 2 and len({o.split(".")[1] for o in used}) == 2, info
     assert all(o["backward_ops"] for o in p["all_reduce_operands"]), info
-    # every replica traced the same thing
     assert p["replicas_agree"] is True, p["per_replica"]
     assert len(p["per_replica"]) == 2
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_shim_reduces_after_backward_before_step_update(shim_on, path):
-    ev = shim_on["paths"][path]["events"]
-    assert _index(ev, "backward") < _index(ev, "xm.reduce_gradients"), ev
+# ------------------------------------------------------------------------------------ shim on
+
+@defined_where(AVAILABLE)
+def test_tier_has_a_patched_site():
+    """Every tier carries at least one site the shim patches (else it would prove nothing about it)."""
+    assert PATCHED, SITES
+
+
+@defined_where(AVAILABLE)
+def test_check_is_protected_exit_0():
+    code, out, _ = check_on()
+    assert (code, out["outcome"], out["exit_code"]) == (0, "protected", 0), out["reason"]
+    assert out["ok"] is True
+    assert re.match(r"PROTECTED: %d call site\(s\) patched, guarded or fixed upstream; event order and XLA graph "
+                    r"\(%d traced\) right" % (len(SITES) + len(UNTESTED), len(SITES)), out["reason"]), out["reason"]
+    # a protected site no driver covers yet (the torch_xla guard) is named, never silently counted as tested
+    for site in UNTESTED:
+        assert site in out["reason"].split("without a self-test: ")[1], out["reason"]
+
+
+@defined_where(AVAILABLE)
+def test_check_traces_exactly_the_table_rows():
+    """The graph check drives the class of the row that matched the loaded release: every installed
+    site, each traced at the row's own module and class (no alias, no other class of that name)."""
+    code, out, _ = check_on()
+    traced = out["graph_check"]["sites"]
+    assert sorted(traced) == sorted(SITES), out["graph_check"].get("error")
+    assert sorted(u["site"] for u in out["graph_check"]["untested"]) == UNTESTED
+    for site, p in traced.items():
+        row = row_of(site)
+        assert p["variant"] in {r.variant for r in _sites.rows_for(row.module, row.qualname)}, p["variant"]
+        assert p["impl"] == "%s.%s" % (row.module, row.qualname.rsplit(".", 1)[0]), (site, p["impl"])
+        assert p["verdict"] == SITES[site]
+
+
+@defined_where(SITES)
+@pytest.mark.parametrize("site", sorted(SITES))
+def test_shim_one_all_reduce_fed_by_backward_and_feeding_update(site):
+    code, out, _ = check_on()
+    assert_one_all_reduce_from_backward_into_update(graph_site(out, site))
+
+
+@defined_where(SITES)
+@pytest.mark.parametrize("site", sorted(SITES))
+def test_shim_reduces_after_backward_before_the_update(site):
+    ev = graph_site(check_on()[1], site)["events"]
+    assert index_of(ev, "training_step") < index_of(ev, "zero_grad") < index_of(ev, "backward"), ev
+    assert index_of(ev, "backward") < index_of(ev, "xm.reduce_gradients"), ev
     assert "xm.reduce_gradients (2 grads present)" in ev, ev
-    assert _index(ev, "training_step") < _index(ev, "zero_grad") < _index(ev, "backward"), ev
+    # where the fixed order cuts the graph after the step, that is the last event (recorded, never executed)
+    if expects_barrier(row_of(site)):
+        assert ev[-1].startswith("barrier ") and ev[-1].endswith("(intercepted, not executed)"), ev
+    else:
+        assert not any(e.startswith("barrier ") for e in ev), ev
 
 
-def test_shim_trainer_path_requests_mark_step_after_step(shim_on):
-    ev = shim_on["paths"]["trainer"]["events"]
-    # the fixed Trainer path ends with xm.mark_step (recorded, never executed here)
-    assert ev[-1].startswith("xm.mark_step"), ev
+@defined_where(PATCHED)
+@pytest.mark.parametrize("site", PATCHED)
+def test_patched_site_runs_the_shims_wrapper(site):
+    p = graph_site(check_on()[1], site)
+    assert (p["verdict"], p["wrapped_by_shim"]) == ("patched", True), describe(p)
 
 
-def test_shim_traced_the_installed_lightning_classes(shim_on):
-    assert shim_on["paths"]["trainer"]["impl"].endswith("TPUPrecisionPlugin")
-    assert shim_on["paths"]["lite"]["impl"].endswith("TPUPrecision")
-    assert shim_on["world_size"] == 2
-    assert shim_on["versions"]["torch_xla"].startswith("2.1")
+@defined_where(FIXED_UPSTREAM)
+@pytest.mark.parametrize("site", FIXED_UPSTREAM)
+def test_fixed_upstream_site_is_untouched(site):
+    """A release with upstream's fix (pytorch-lightning 2.6.6's Trainer) keeps its own code: not
+    wrapped by the shim, and its graph shows upstream's single all-reduce."""
+    p = graph_site(check_on()[1], site)
+    assert (p["verdict"], p["wrapped_by_shim"]) == ("fixed upstream", False), describe(p)
+    assert_one_all_reduce_from_backward_into_update(p)
 
 
-_TRACED_SITES = {"trainer": ("pytorch_lightning.plugins.precision.tpu", "TPUPrecisionPlugin.optimizer_step"),
-                 "lite": ("lightning_lite.plugins.precision.tpu", "TPUPrecision.optimizer_step")}
+@defined_where(AVAILABLE)
+def test_check_event_self_test_covers_the_same_sites():
+    out = check_on()[1]
+    assert sorted(s["site"] for s in out["event_check"]["sites"]) == sorted(SITES), out["event_check"]
+    assert all(s["ok"] for s in out["event_check"]["sites"]), out["event_check"]
 
 
-def _verdict(res, path):
-    module, method = _TRACED_SITES[path]
-    rows = (res.get("shim") or {}).get(path) or []
-    for row in rows if isinstance(rows, list) else []:
-        if isinstance(row, dict) and row.get("module") == module and row.get("method") == method:
-            return row.get("verdict")
-    return f"no status row for {module}.{method} in {rows!r}"[:500]
+# ------------------------------------------------------------------------ shim off (the twin)
+
+@defined_where(AVAILABLE)
+def test_check_without_the_shim_is_unprotected_and_names_the_site():
+    code, out, _ = check_off()
+    assert (code, out["outcome"], out["exit_code"]) == (1, "unprotected", 1), out["reason"]
+    assert out["reason"].startswith("UNPROTECTED: "), out["reason"]
+    named = [site for site in PATCHED if site in out["reason"]]
+    assert named and "disabled" in out["reason"], out["reason"]
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_child_shim_status_matches(shim_on, shim_off, path):
-    """tpu_closure_fix.status() in the traced process: patched with the shim, disabled without."""
-    assert _verdict(shim_on, path) == "patched"
-    assert _verdict(shim_off, path) == "disabled"
-
-
-# --------------------------------------------------------------------------------- shim off
-
-@pytest.mark.parametrize("path", PATHS)
-def test_disabled_no_all_reduce_update_uses_local_gradient(shim_off, path):
-    p = shim_off["paths"][path]
-    assert "skipped" not in p, p.get("skipped")
-    info = _describe(p)
+@defined_where(PATCHED)
+@pytest.mark.parametrize("site", PATCHED)
+def test_disabled_no_all_reduce_update_uses_local_gradient(site):
+    p = graph_site(check_off()[1], site)
+    info = describe(p)
+    assert not p.get("error"), info
+    assert p["verdict"] == "disabled" and p["wrapped_by_shim"] is False, info
     assert p["all_reduce_count"] == 0, info
     assert p["hlo_all_reduce_count"] == 0, info
     assert p["update_consumes_all_reduce"] is False, info
@@ -180,133 +214,88 @@ def test_disabled_no_all_reduce_update_uses_local_gradient(shim_off, path):
     assert p["replicas_agree"] is True, p["per_replica"]
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_disabled_reduces_before_the_closure(shim_off, path):
-    ev = shim_off["paths"][path]["events"]
+@defined_where(PATCHED)
+@pytest.mark.parametrize("site", PATCHED)
+def test_disabled_reduces_before_the_closure(site):
+    ev = graph_site(check_off()[1], site)["events"]
     # the original order: xm.optimizer_step reduces the previous step's gradients, then the
     # closure recomputes them locally
-    assert _index(ev, "xm.reduce_gradients") < _index(ev, "training_step") < _index(ev, "backward"), ev
-    assert not any(e.startswith("xm.mark_step") for e in ev), ev
+    assert index_of(ev, "xm.reduce_gradients") < index_of(ev, "training_step") < index_of(ev, "backward"), ev
+    # a graph cut, where the original has one (xm.optimizer_step(barrier=True)), only comes after the step
+    assert all(i > index_of(ev, "backward") for i, e in enumerate(ev) if e.startswith("barrier ")), ev
+
+
+@defined_where(FIXED_UPSTREAM)
+@pytest.mark.parametrize("site", FIXED_UPSTREAM)
+def test_disabled_leaves_the_upstream_fix_as_it_is(site):
+    p = graph_site(check_off()[1], site)
+    assert p["verdict"] == "fixed upstream" and p["wrapped_by_shim"] is False, describe(p)
+    assert_one_all_reduce_from_backward_into_update(p)
 
 
 # --------------------------------------------------------- harness self-test (no shim involved)
 
-@pytest.mark.parametrize("path", PATHS)
-def test_reference_order_gives_the_same_graph(reference, shim_on, path):
-    """The upstream (PL 1.9) order applied by hand yields the same all-reduce placement."""
-    r, s = reference["paths"][path], shim_on["paths"][path]
+@defined_where(PATCHED)
+@pytest.mark.parametrize("site", PATCHED)
+def test_reference_order_gives_the_same_graph(site):
+    """The upstream order applied by hand yields the same all-reduce placement as the shim."""
+    res = reference()
+    assert site in res.get("sites", {}), res.get("error")
+    r, s = res["sites"][site], graph_site(check_on()[1], site)
+    assert r["wrapped_by_shim"] is False, describe(r)
     assert r["all_reduce_count"] == 1 and r["operands_from_backward"] and r["update_consumes_all_reduce"], \
-        _describe(r)
+        describe(r)
     assert [u["all_reduce_outputs_used"] for u in r["update_ops"]] == \
         [u["all_reduce_outputs_used"] for u in s["update_ops"]]
 
 
-# ------------------------------------------------------ IR parser (always runs, no torch_xla)
+# ------------------------------------------------- a graph check that cannot run: "could not verify"
 
-FIXED_IR = """IR {
-  %0 = f32[] xla::device_data(), xla_shape=f32[], device=CPU:0
-  %1 = f32[2,4]{1,0} aten::expand(%0), xla_shape=f32[2,4]{1,0}, size=(2, 4)
-  %2 = f32[] xla::device_data(), xla_shape=f32[], device=CPU:0
-  %3 = f32[8,2]{1,0} xla::device_data(), xla_shape=f32[8,2]{1,0}, device=CPU:0
-  %4 = f32[2]{0} xla::device_data(), xla_shape=f32[2]{0}, device=CPU:0
-  %5 = f32[2,4]{1,0} xla::device_data(), xla_shape=f32[2,4]{1,0}, device=CPU:0
-  %6 = f32[4,2]{0,1} aten::permute(%5), xla_shape=f32[4,2]{0,1}, dims=(1, 0)
-  %7 = f32[8,4]{1,0} xla::device_data(), xla_shape=f32[8,4]{1,0}, device=CPU:0
-  %8 = f32[8,2]{1,0} aten::addmm(%7, %6, %4), xla_shape=f32[8,2]{1,0}
-  %9 = f32[] prim::Constant(), xla_shape=f32[], value=1
-  %10 = f32[] prim::Constant(), xla_shape=f32[], value=1
-  %11 = f32[] aten::expand(%10), xla_shape=f32[], size=(), dynamic_dims=()
-  %12 = f32[] aten::div(%11, %9), xla_shape=f32[]
-  %13 = f32[8,2]{1,0} aten::mse_loss_backward(%12, %8, %3), xla_shape=f32[8,2]{1,0}, reduction=1
-  %14 = f32[1,2]{1,0} aten::sum(%13), xla_shape=f32[1,2]{1,0}, dimensions=(0), keep_reduced_dimensions=1, dtype=6
-  %15 = f32[2]{0} aten::view(%14), xla_shape=f32[2]{0}, output_size=(2)
-  %16 = f32[4,8]{0,1} aten::permute(%7), xla_shape=f32[4,8]{0,1}, dims=(1, 0)
-  %17 = f32[4,2]{1,0} aten::mm(%16, %13), xla_shape=f32[4,2]{1,0}
-  %18 = f32[2,4]{0,1} aten::permute(%17), xla_shape=f32[2,4]{0,1}, dims=(1, 0)
-  %19 = (f32[2,4]{0,1}, f32[2]{0}, f32[]) xla::cross_replica_sum(%18, %15, %2), num_outputs=3, xla_shape=(f32[2,4]{0,1}, f32[2]{0}, f32[]), reduce_type=0, scale=0.5, pin_layout=1, groups=()
-  %20 = f32[2,4]{1,0} aten::mul(%19.0, %1), xla_shape=f32[2,4]{1,0}
-  %21 = f32[2,4]{1,0} aten::add(%5, %20), xla_shape=f32[2,4]{1,0}, ROOT=0
-  %22 = f32[] xla::device_data(), xla_shape=f32[], device=CPU:0
-  %23 = f32[2]{0} aten::expand(%22), xla_shape=f32[2]{0}, size=(2)
-  %24 = f32[2]{0} aten::mul(%19.1, %23), xla_shape=f32[2]{0}
-  %25 = f32[2]{0} aten::add(%4, %24), xla_shape=f32[2]{0}, ROOT=1
-}
-"""
-
-BUGGY_IR = """IR {
-  %0 = f32[] xla::device_data(), xla_shape=f32[], device=CPU:0
-  %1 = f32[2,4]{1,0} aten::expand(%0), xla_shape=f32[2,4]{1,0}, size=(2, 4)
-  %2 = f32[8,2]{1,0} xla::device_data(), xla_shape=f32[8,2]{1,0}, device=CPU:0
-  %3 = f32[2]{0} xla::device_data(), xla_shape=f32[2]{0}, device=CPU:0
-  %4 = f32[2,4]{1,0} xla::device_data(), xla_shape=f32[2,4]{1,0}, device=CPU:0
-  %5 = f32[4,2]{0,1} aten::permute(%4), xla_shape=f32[4,2]{0,1}, dims=(1, 0)
-  %6 = f32[8,4]{1,0} xla::device_data(), xla_shape=f32[8,4]{1,0}, device=CPU:0
-  %7 = f32[8,2]{1,0} aten::addmm(%6, %5, %3), xla_shape=f32[8,2]{1,0}
-  %8 = f32[] prim::Constant(), xla_shape=f32[], value=1
-  %9 = f32[] prim::Constant(), xla_shape=f32[], value=1
-  %10 = f32[] aten::expand(%9), xla_shape=f32[], size=(), dynamic_dims=()
-  %11 = f32[] aten::div(%10, %8), xla_shape=f32[]
-  %12 = f32[8,2]{1,0} aten::mse_loss_backward(%11, %7, %2), xla_shape=f32[8,2]{1,0}, reduction=1
-  %13 = f32[4,8]{0,1} aten::permute(%6), xla_shape=f32[4,8]{0,1}, dims=(1, 0)
-  %14 = f32[4,2]{1,0} aten::mm(%13, %12), xla_shape=f32[4,2]{1,0}
-  %15 = f32[2,4]{0,1} aten::permute(%14), xla_shape=f32[2,4]{0,1}, dims=(1, 0)
-  %16 = f32[2,4]{1,0} aten::mul(%15, %1), xla_shape=f32[2,4]{1,0}
-  %17 = f32[2,4]{1,0} aten::add(%4, %16), xla_shape=f32[2,4]{1,0}, ROOT=0
-  %18 = f32[] xla::device_data(), xla_shape=f32[], device=CPU:0
-  %19 = f32[2]{0} aten::expand(%18), xla_shape=f32[2]{0}, size=(2)
-  %20 = f32[1,2]{1,0} aten::sum(%12), xla_shape=f32[1,2]{1,0}, dimensions=(0), keep_reduced_dimensions=1, dtype=6
-  %21 = f32[2]{0} aten::view(%20), xla_shape=f32[2]{0}, output_size=(2)
-  %22 = f32[2]{0} aten::mul(%21, %19), xla_shape=f32[2]{0}
-  %23 = f32[2]{0} aten::add(%3, %22), xla_shape=f32[2]{0}, ROOT=1
-}
-"""
-
-# an all-reduce of materialised (previous-step) gradients whose result is also (wrongly) used:
-# operands are bare device data, so they do not come from this step's backward
-STALE_IR = """IR {
-  %0 = f32[] xla::device_data(), xla_shape=f32[], device=CPU:0
-  %1 = f32[2]{0} xla::device_data(), xla_shape=f32[2]{0}, device=CPU:0
-  %2 = f32[2]{0} xla::device_data(), xla_shape=f32[2]{0}, device=CPU:0
-  %3 = (f32[2]{0}, f32[]) xla::cross_replica_sum(%2, %0), num_outputs=2, xla_shape=(f32[2]{0}, f32[]), reduce_type=0, scale=0.5, pin_layout=1, groups=()
-  %4 = f32[2]{0} aten::add(%1, %3.0), xla_shape=f32[2]{0}, ROOT=0
-}
-"""
+#: Loaded at start-up of every child of the broken check (first on PYTHONPATH): in the graph
+#: check's processes (PJRT_DEVICE=CPU) it removes every spelling of the replica-ordinal call, as
+#: torch_xla 2.9 removed ``xm.get_ordinal``.
+BROKEN_SITECUSTOMIZE = '''
+import os
+if os.environ.get("PJRT_DEVICE") == "CPU":
+    import torch_xla.runtime as _runtime
+    import torch_xla.core.xla_model as _xm
+    for _owner, _name in ((_runtime, "global_ordinal"), (_xm, "get_ordinal")):
+        if hasattr(_owner, _name):
+            delattr(_owner, _name)
+'''
 
 
-def test_parser_fixed_order():
-    r = graphcheck.analyze_ir(FIXED_IR, "%all-reduce.48 = (f32[2,4]) all-reduce(f32[2,4] %a), replica_groups={}")
-    assert r["all_reduce_count"] == 1 and r["hlo_all_reduce_count"] == 1
-    assert r["operands_from_backward"] and r["update_consumes_all_reduce"] and r["update_from_backward"]
-    assert [o["node"] for o in r["all_reduce_operands"]] == [18, 15]  # the token %2 is not a gradient
-    assert [u["all_reduce_outputs_used"] for u in r["update_ops"]] == [["%19.0"], ["%19.1"]]
-    assert any("xla::cross_replica_sum" in line for line in r["excerpt"])
-    assert any("mse_loss_backward" in line for line in r["excerpt"])
+def broken_check(tmp_path_factory, *args):
+    folder = tmp_path_factory.mktemp("broken-torch-xla")
+    (folder / "sitecustomize.py").write_text(BROKEN_SITECUSTOMIZE)
+    return run_check("broken " + " ".join(args), {"TPU_CLOSURE_FIX": "1"}, args=args, pythonpath=[str(folder)])
 
 
-def test_parser_buggy_order():
-    r = graphcheck.analyze_ir(BUGGY_IR, "HloModule m\n ENTRY e { %p = f32[2] parameter(0) }")
-    assert r["all_reduce_count"] == 0 and r["hlo_all_reduce_count"] == 0
-    assert not r["operands_from_backward"] and not r["update_consumes_all_reduce"]
-    assert r["update_from_backward"]  # local gradient
-    assert r["param_roots"] == 2
+REASON = re.compile(r"^COULD NOT VERIFY: the XLA graph check of (\S+): MissingXlaAPI: torch_xla \S+ has no replica "
+                    r"ordinal \(looked for torch_xla\.runtime\.global_ordinal, torch_xla\.core\.xla_model\.get_ordinal\)"
+                    r".* What you can do: .*--no-graph.*\.$")
 
 
-def test_parser_stale_gradient_all_reduce_is_not_from_backward():
-    r = graphcheck.analyze_ir(STALE_IR)
-    assert r["all_reduce_count"] == 1
-    assert r["operands_from_backward"] is False
-    assert r["update_consumes_all_reduce"] is True
-    assert r["update_from_backward"] is False
+@defined_where(AVAILABLE)
+def test_broken_graph_check_is_could_not_verify_in_json(tmp_path_factory):
+    code, out, _ = broken_check(tmp_path_factory, "--json")
+    assert (code, out["outcome"], out["exit_code"], out["ok"]) == (3, "could not verify", 3, False), out["reason"]
+    match = REASON.match(out["reason"])
+    assert match and match.group(1) in SITES, out["reason"]
+    # the self-test part still ran and passed: it is the graph check that could not verify
+    assert out["event_check"]["ok"] is True, out["event_check"]
 
 
-def test_graphcheck_module_is_light():
-    """Importing graphcheck must not import torch / torch_xla / Lightning."""
-    import subprocess
-
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(graphcheck.__file__)))
-    code = ("import sys; sys.path.insert(0, %r); import tpu_closure_fix.graphcheck as g; "
-            "heavy = [m for m in ('torch', 'torch_xla', 'pytorch_lightning', 'lightning_lite') if m in sys.modules]; "
-            "print(heavy); sys.exit(1 if heavy else 0)" % pkg_parent)
-    env = dict(os.environ, TPU_CLOSURE_FIX="0")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+@defined_where(AVAILABLE)
+def test_broken_graph_check_is_could_not_verify_in_text(tmp_path_factory):
+    code, text, _ = broken_check(tmp_path_factory)
+    lines = text.rstrip("\n").splitlines()
+    assert code == 3, text[-3000:]
+    assert REASON.match(lines[-1]), lines[-1]
+    # every section heading has something under it, here the reason the graph check failed
+    for i, line in enumerate(lines):
+        if line.endswith(":") and not line.startswith(" "):
+            assert i + 1 < len(lines) and lines[i + 1].startswith("  ") and lines[i + 1].strip(), (line, text)
+    heading = lines.index("XLA graph check (real torch_xla, collectives traced, never executed):")
+    assert "could not trace: MissingXlaAPI" in "\n".join(lines[heading + 1:heading + 3]), text
+    assert "UNPROTECTED" not in text

@@ -1,0 +1,190 @@
+"""``check``'s three outcomes, decided from what the status and the self-tests found.
+
+:func:`tpu_closure_fix.check.decide` is a pure function of those results; these tests feed it the
+shapes of result each step produces (taken from real runs: an all-good run, a site switched off,
+a self-test child that crashed, a graph check that raised) and pin the outcome, the exit code and
+the one-line reason.  The same decisions made by the real command are in tests/target/test_check.py
+(event order) and tests/xla (graph check).
+"""
+import argparse
+
+import pytest
+
+from tpu_closure_fix import check
+
+FABRIC = "lightning_fabric.plugins.precision.xla:XLAPrecision.optimizer_step"
+TRAINER = "pytorch_lightning.plugins.precision.xla:XLAPrecision.optimizer_step"
+GOOD_ORDER = ["forward", "backward", "reduce_gradients", "step", "mark_step"]
+BUGGY_ORDER = ["reduce_gradients(no grads)", "forward", "backward", "step", "mark_step"]
+
+
+def event_site(site, verdict="patched", events=GOOD_ORDER, ok=True, error=None):
+    return {"site": site, "variant": "v", "verdict": verdict, "events": list(events), "ok": ok, "error": error}
+
+
+def events_of(*sites, error=None):
+    return {"ok": bool(sites) and all(s["ok"] for s in sites) and error is None, "error": error, "sites": list(sites)}
+
+
+def graph_site(count=1, from_backward=True, feeds=True, error=None, verdict="patched"):
+    site = {"verdict": verdict, "all_reduce_count": count, "operands_from_backward": from_backward,
+            "update_consumes_all_reduce": feeds, "excerpt": []}
+    if error:
+        site = {"verdict": verdict, "error": error}
+    return site
+
+
+def graph_of(sites, error=None):
+    return {"ok": error is None, "error": error, "sites": sites}
+
+
+def record(site, verdict, reason=""):
+    module, method = site.split(":")
+    return {"module": module, "method": method, "verdict": verdict, "reason": reason}
+
+
+def test_protected_with_graph():
+    out = check.decide([], events_of(event_site(FABRIC), event_site(TRAINER, "fixed upstream")),
+                       graph_of({FABRIC: graph_site(), TRAINER: graph_site(verdict="fixed upstream")}))
+    assert (out.name, out.exit_code) == ("protected", 0)
+    assert out.reason == ("PROTECTED: 2 call site(s) patched, guarded or fixed upstream; event order and XLA "
+                          "graph (2 traced) right.")
+
+
+@pytest.mark.parametrize("graph, why", [(None, "torch_xla is not importable here"), (False, "--no-graph")])
+def test_protected_without_graph_says_the_graph_was_not_checked(graph, why):
+    out = check.decide([], events_of(event_site(FABRIC)), graph)
+    assert (out.name, out.exit_code) == ("protected", 0)
+    assert out.reason.endswith("event order right; XLA graph not checked (%s)." % why)
+
+
+def test_unprotected_names_the_disabled_site_and_why():
+    out = check.decide([record(FABRIC, "disabled", "TPU_CLOSURE_FIX=0")],
+                       events_of(event_site(FABRIC, "disabled", BUGGY_ORDER, ok=False)), None)
+    assert (out.name, out.exit_code) == ("unprotected", 1)
+    assert out.reason.startswith("UNPROTECTED: %s runs the buggy order (disabled: TPU_CLOSURE_FIX=0)" % FABRIC)
+    assert " more)" not in out.reason  # the self-test's finding on the same site counts once
+
+
+def test_unprotected_when_the_self_test_sees_the_buggy_order_on_a_patched_site():
+    out = check.decide([], events_of(event_site(FABRIC, "patched", BUGGY_ORDER, ok=False)), None)
+    assert out.name == "unprotected" and out.exit_code == 1
+    assert out.reason == ("UNPROTECTED: %s: the event-order self-test saw the gradients reduced before the "
+                          "backward (reduce_gradients(no grads) > forward > backward > step > mark_step)." % FABRIC)
+
+
+def test_unprotected_when_the_graph_holds_no_all_reduce():
+    out = check.decide([], events_of(event_site(FABRIC)), graph_of({FABRIC: graph_site(0, False, False)}))
+    assert (out.name, out.exit_code) == ("unprotected", 1)
+    assert out.reason == ("UNPROTECTED: %s: the traced XLA step holds 0 all-reduce(s), from the backward: False, "
+                          "feeding the update: False." % FABRIC)
+
+
+def test_graph_that_raised_is_could_not_verify_with_the_exception_line():
+    error = "AttributeError: module 'torch_xla.core.xla_model' has no attribute 'get_ordinal'"
+    out = check.decide([], events_of(event_site(FABRIC)), graph_of({FABRIC: graph_site(error=error)},
+                                                                   error="%s: %s" % (FABRIC, error)))
+    assert (out.name, out.exit_code) == ("could not verify", 3)
+    assert out.reason.startswith("COULD NOT VERIFY: the XLA graph check of %s: %s. What you can do: " % (FABRIC, error))
+    assert "--no-graph" in out.reason and "UNPROTECTED" not in out.reason
+
+
+def test_graph_child_that_died_is_could_not_verify():
+    out = check.decide([], events_of(event_site(FABRIC)),
+                       graph_of({}, error="graph-check process timed out after 600 s (process group killed)"))
+    assert out.exit_code == 3
+    assert out.reason.startswith("COULD NOT VERIFY: the XLA graph check failed: graph-check process timed out")
+
+
+def test_xla_python_without_torch_xla_is_could_not_verify():
+    out = check.decide([], events_of(event_site(FABRIC)), None, "--xla-python /x/bin/python cannot import torch_xla")
+    assert out.exit_code == 3 and "--xla-python /x/bin/python cannot import torch_xla" in out.reason
+
+
+def test_self_test_child_that_crashed_is_could_not_verify():
+    events = events_of(error="self-test process exited with code 1: ImportError: cannot import name 'x'")
+    out = check.decide([], events, None)
+    assert (out.name, out.exit_code) == ("could not verify", 3)
+    assert out.reason.startswith("COULD NOT VERIFY: the event-order self-test failed: self-test process exited with "
+                                 "code 1: ImportError: cannot import name 'x'.")
+
+
+def test_a_site_whose_step_raised_is_could_not_verify_not_unprotected():
+    site = event_site(FABRIC, events=["forward"], ok=False, error="TypeError: step() got an unexpected keyword")
+    out = check.decide([], events_of(site), None)
+    assert out.exit_code == 3
+    assert "the event-order self-test of %s failed: TypeError: step() got an unexpected keyword" % FABRIC in out.reason
+
+
+def test_nothing_installed_is_could_not_verify():
+    out = check.decide([], events_of(), None)
+    assert out.exit_code == 3 and "no installed call site to test" in out.reason
+
+
+def test_unprotected_wins_over_could_not_verify():
+    """A site known to run the buggy code is reported, even when a self-test also failed to run."""
+    out = check.decide([record(FABRIC, "skipped", "unknown release 9.9")], events_of(error="boom"), None)
+    assert out.exit_code == 1 and FABRIC in out.reason
+
+
+GUARD = "torch_xla.core.xla_model:optimizer_step"
+NO_DRIVER = {"site": GUARD, "variant": "torch_xla-2.1+", "verdict": "patched",
+             "reason": "the torch_xla integration has no verification driver "
+                       "(tpu_closure_fix/integrations/torch_xla/verify.py)"}
+
+
+def test_a_site_without_a_driver_is_named_but_does_not_fail_the_check():
+    events = events_of(event_site(FABRIC))
+    events["untested"] = [NO_DRIVER]
+    out = check.decide([], events, None)
+    assert (out.name, out.exit_code) == ("protected", 0)
+    assert out.reason.endswith("; 1 site(s) without a self-test: %s." % GUARD), out.reason
+    assert out.reason.startswith("PROTECTED: 2 call site(s)")
+    assert check.render_events(events)[-2:] == ["  --   %s (patched)" % GUARD, "       not self-tested: " + NO_DRIVER["reason"]]
+
+
+def test_only_sites_without_a_driver_is_could_not_verify():
+    events = events_of()
+    events["untested"] = [NO_DRIVER]
+    out = check.decide([], events, None)
+    assert out.exit_code == 3
+    assert out.reason.startswith("COULD NOT VERIFY: no self-test covers %s (the torch_xla integration" % GUARD)
+
+
+def test_exit_codes_are_distinct():
+    assert sorted(check.EXIT_CODES.values()) == [0, 1, 3]
+
+
+@pytest.mark.parametrize("graph, unavailable, expected", [
+    (False, None, "  not run (--no-graph)"),
+    (None, None, "  not run: torch_xla is not importable here"),
+    (graph_of({}, error="graph-check process exited with code -11"), None,
+     "  could not run: graph-check process exited with code -11"),
+    (graph_of({FABRIC: graph_site(error="MissingXlaAPI: no ordinal")}, error="x"), None,
+     "  FAIL %s (patched)\n       could not trace: MissingXlaAPI: no ordinal" % FABRIC),
+])
+def test_graph_section_never_has_an_empty_heading(graph, unavailable, expected):
+    lines = check.render_graph(graph, unavailable)
+    assert lines[0].endswith(":") and len(lines) >= 2
+    assert lines[1] == expected
+
+
+@pytest.mark.parametrize("events, expected", [
+    (events_of(), "  nothing to test: no installed call site"),
+    (events_of(error="self-test process timed out after 600 s (process group killed)"),
+     "  could not run: self-test process timed out after 600 s (process group killed)"),
+])
+def test_event_section_never_has_an_empty_heading(events, expected):
+    lines = check.render_events(events)
+    assert lines == ["Event-order self-test (recording stand-in for torch_xla, no hardware):", expected]
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+def test_bad_timeout_is_refused_with_the_accepted_values(value):
+    with pytest.raises(argparse.ArgumentTypeError, match="not a number of seconds > 0"):
+        check._positive_seconds(value)
+
+
+def test_missing_xla_python_is_refused_naming_it(tmp_path):
+    with pytest.raises(argparse.ArgumentTypeError, match="is not an executable file"):
+        check._existing_python(str(tmp_path / "nope" / "python"))

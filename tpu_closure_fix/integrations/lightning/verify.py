@@ -1,0 +1,374 @@
+"""Verification driver for the Lightning integration: one optimizer step through a table row.
+
+Used by ``tpu-closure-fix check`` only (the patching code never imports it).  Both entry points
+receive a :class:`tpu_closure_fix.verify.table.Target`: the row of the call-site table that
+matched the loaded release, and the live class and method it names.  Nothing here finds a
+Lightning class by name or by module path: the traced class is the row's, and every other
+Lightning object is reached from the row's ``package`` (the Trainer or the Lite/Fabric package
+that ships the method), through that package's public attributes (``LightningModule``,
+``Trainer``, ``strategies.SingleDeviceStrategy``...), or by feature detection where releases
+differ (constructor parameters, where ``Closure`` lives).
+
+The row's code shape decides how a step reaches the method, as in Lightning itself:
+
+* ``accelerator`` (parameters ``optimizer, optimizer_idx, lambda_closure``; pytorch-lightning
+  1.2-1.4): ``TPUAccelerator.run_optimizer_step`` called with a closure;
+* ``trainer`` (a ``model`` parameter): ``LightningModule.optimizer_step`` ->
+  ``LightningOptimizer.step`` -> ``Strategy.optimizer_step`` -> the row's precision plugin, with
+  Lightning's own ``Closure``; the event-order self-test runs a real one-step ``Trainer.fit``;
+* ``fabric`` (only ``optimizer``; Lite and Fabric): the optimizer wrapper's ``step(closure)`` ->
+  ``Strategy.optimizer_step`` -> the row's precision plugin.
+
+Entry points (the interface every integration's ``verify.py`` provides):
+
+* :func:`event_step` (event-order self-test, recording stand-in for torch_xla);
+* :func:`graph_step` (graph check on real torch_xla): returns a
+  :class:`tpu_closure_fix.verify.graph.TracedStep` that the generic harness warms up, traces and
+  analyses;
+* :func:`reference_fix` (graph check's harness self-test): puts the upstream fix order, written
+  by hand, in place of the row's method.
+"""
+import importlib
+import inspect
+from functools import partial
+
+ACCELERATOR, TRAINER, FABRIC = "accelerator", "trainer", "fabric"
+
+
+def kind_of(row):
+    """How a step reaches this row's method, judged by the parameters of its code shape."""
+    params = row.shape.params if row.shape is not None else ()
+    if "lambda_closure" in params:
+        return ACCELERATOR
+    if "model" in params:
+        return TRAINER
+    return FABRIC
+
+
+def _package(row):
+    """The Lightning package the row belongs to (the row's ``package``: a top-level package, or a
+    sub-package of the unified distribution)."""
+    return importlib.import_module(row.package)
+
+
+def _takes(callable_, name):
+    try:
+        return name in inspect.signature(callable_).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _make_precision(cls):
+    """An instance of a precision plugin class: 2.x plugins take the precision, 1.x take nothing."""
+    return cls("32-true") if _takes(cls.__init__, "precision") else cls()
+
+
+def _single_device_strategy(pkg, device, precision):
+    strategy_cls = pkg.strategies.SingleDeviceStrategy
+    keyword = "precision_plugin" if _takes(strategy_cls.__init__, "precision_plugin") else "precision"
+    return strategy_cls(device=device, **{keyword: precision})
+
+
+# ----------------------------------------------------------------------------------------------
+# event-order self-test (recording stand-in for torch_xla)
+# ----------------------------------------------------------------------------------------------
+
+def _tiny(torch):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    x, y = torch.randn(4, 3), torch.randn(4, 1)
+    return model, x, y
+
+
+def _recording_sgd(torch, params, events):
+    opt = torch.optim.SGD(params, lr=0.1)
+    opt.register_step_post_hook(lambda *a: events.append("step"))
+    return opt
+
+
+def event_step(target, torch, xm, events):
+    """Run one optimizer step through ``target`` with the recording stand-in ``xm`` in place of
+    torch_xla; append ``forward``/``backward``/``step`` to ``events`` (the stand-in adds
+    ``reduce_gradients``/``mark_step``)."""
+    # pytorch-lightning 1.2-1.7 bind torch_xla at module level where it was importable
+    target.module.xm = xm
+    kind = kind_of(target.row)
+    if kind == ACCELERATOR:
+        return _accelerator_event_step(target, torch, events)
+    if kind == TRAINER:
+        return _trainer_event_step(target, torch, events)
+    return _fabric_event_step(target, torch, events)
+
+
+def _fabric_event_step(target, torch, events):
+    model, x, y = _tiny(torch)
+    opt = _recording_sgd(torch, model.parameters(), events)
+
+    def closure():
+        opt.zero_grad()
+        events.append("forward")
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        events.append("backward")
+        return loss
+
+    plugin = target.owner.__new__(target.owner)  # its __init__ may probe for a TPU; the step uses no state
+    getattr(plugin, target.attribute)(opt, closure=closure)
+
+
+def _accelerator_event_step(target, torch, events):
+    model, x, y = _tiny(torch)
+    opt = _recording_sgd(torch, model.parameters(), events)
+
+    def closure():
+        events.append("forward")
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        events.append("backward")
+        return loss.detach()
+
+    getattr(target.owner.__new__(target.owner), target.attribute)(opt, 0, closure)
+
+
+def _trainer_event_step(target, torch, events):
+    pl = _package(target.row)
+    _, x, y = _tiny(torch)
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx, *args):
+            events.append("forward")
+            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+        def on_after_backward(self):
+            events.append("backward")
+
+        def configure_optimizers(self):
+            return _recording_sgd(torch, self.parameters(), events)
+
+    target.module._XLA_AVAILABLE = True  # the stand-in takes torch_xla's place in this child
+    plugin = _make_precision(target.owner)
+    loader = torch.utils.data.DataLoader([(x, y)], batch_size=None)
+    trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, plugins=[plugin])
+    trainer.fit(Tiny(), train_dataloaders=loader)
+
+
+# ----------------------------------------------------------------------------------------------
+# graph check (real torch_xla; the harness intercepts every graph cut and all-reduce call)
+# ----------------------------------------------------------------------------------------------
+
+def graph_step(target, harness):
+    """Build one training step through ``target`` on the harness's XLA device; see the module doc."""
+    kind = kind_of(target.row)
+    if kind == TRAINER:
+        return _trainer_graph_step(target, harness)
+    if kind == FABRIC:
+        return _fabric_graph_step(target, harness)
+    raise NotImplementedError("no graph step for %s rows (%s): those releases predate torch_xla 2"
+                              % (kind, target.row.variant))
+
+
+def _fabric_graph_step(target, harness):
+    from ...verify.graph import TracedStep
+
+    torch = harness.torch
+    pkg = _package(target.row)
+    net = harness.make_net(lambda: torch.nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(list(net.parameters()), lr=0.1)
+    x0, y0 = harness.batch(0)
+    x1, y1 = harness.batch(1)
+    strategy = _single_device_strategy(pkg, harness.device, _make_precision(target.owner))
+    wrapper_cls = _optimizer_wrapper(pkg)
+    wrapped = wrapper_cls(optimizer=optimizer, strategy=strategy)
+
+    def closure():
+        harness.record("training_step")
+        loss = torch.nn.functional.mse_loss(net(x1), y1)
+        harness.loss = loss
+        harness.record("zero_grad")
+        optimizer.zero_grad()
+        harness.record("backward")
+        if _takes(strategy.backward, "module"):
+            strategy.backward(loss, net)
+        else:
+            loss.backward()
+        return loss
+
+    return TracedStep(
+        params=list(net.parameters()),
+        optimizer=optimizer,
+        warmup_loss=lambda: torch.nn.functional.mse_loss(net(x0), y0),
+        run=lambda: wrapped.step(closure),
+        route=["%s.step(closure) -> Strategy.optimizer_step -> %s.%s"
+               % (wrapper_cls.__name__, target.owner.__name__, target.attribute)],
+    )
+
+
+def _optimizer_wrapper(pkg):
+    """The class Lite/Fabric wraps a user's optimizer in: the one in ``<package>.wrappers`` built
+    from an optimizer and a strategy, with a ``step``."""
+    for value in vars(pkg.wrappers).values():
+        if isinstance(value, type) and value.__module__ == pkg.wrappers.__name__ and hasattr(value, "step") \
+                and _takes(value.__init__, "optimizer") and _takes(value.__init__, "strategy"):
+            return value
+    raise LookupError("%s.wrappers has no optimizer wrapper (a class taking optimizer and strategy)" % pkg.__name__)
+
+
+def _closure_classes(pl):
+    """Lightning's automatic-optimization ``Closure`` and ``ClosureResult``: in
+    ``loops.optimization.optimizer_loop`` up to 1.9, ``loops.optimization.automatic`` since 2.0."""
+    optimization = pl.loops.optimization
+    for value in list(vars(optimization).values()):
+        if inspect.ismodule(value) and hasattr(value, "Closure") and hasattr(value, "ClosureResult"):
+            return value.Closure, value.ClosureResult
+    raise LookupError("no Closure/ClosureResult in %s" % optimization.__name__)
+
+
+def _cpu_only_accelerators(pl):
+    """Make every accelerator but the CPU one report unavailable (test-only, in the child).
+
+    There is nothing else on this machine; the TPU probe of some releases starts a process,
+    which a replica thread cannot, and the Trainer only uses it to pick defaults."""
+    accelerators = pl.accelerators
+    changed = []
+    for name, value in sorted(vars(accelerators).items()):
+        if isinstance(value, type) and issubclass(value, accelerators.Accelerator) \
+                and value not in (accelerators.Accelerator, accelerators.CPUAccelerator) \
+                and "is_available" in dir(value):
+            value.is_available = staticmethod(lambda: False)
+            changed.append(name)
+    return changed
+
+
+def _trainer_graph_step(target, harness):
+    from ...verify.graph import TracedStep
+
+    torch = harness.torch
+    pl = _package(target.row)
+
+    class Net(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            harness.record("training_step")
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.layer(x), y)
+            harness.loss = loss
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    model = harness.make_net(Net)
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    x0, y0 = harness.batch(0)
+    x1, y1 = harness.batch(1)
+    plugin = _make_precision(target.owner)
+    changed = harness.once("cpu-only accelerators", lambda: _cpu_only_accelerators(pl))
+    if changed:
+        harness.note("test-only: %s.is_available -> False (no accelerator but the CPU here)" % ", ".join(changed))
+    strategy = _single_device_strategy(pl, harness.device, plugin)
+    trainer = pl.Trainer(accelerator="cpu", devices=1, strategy=strategy, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, max_steps=1)
+    harness.note("Trainer(strategy=SingleDeviceStrategy(xla device, %s))" % type(plugin).__name__)
+    strategy = trainer.strategy
+    if strategy.precision_plugin is not plugin:
+        raise RuntimeError("the Trainer replaced the precision plugin %s by %s"
+                           % (type(plugin).__name__, type(strategy.precision_plugin).__name__))
+    strategy.connect(model)
+    model.trainer = trainer
+    to_lightning = pl.core.optimizer.LightningOptimizer._to_lightning_optimizer
+    lopt = to_lightning(optimizer, strategy, 0) if _takes(to_lightning, "opt_idx") else to_lightning(optimizer, strategy)
+    Closure, ClosureResult = _closure_classes(pl)
+
+    def step_fn():
+        return ClosureResult.from_training_step_output(model.training_step((x1, y1), 1), 1)
+
+    def zero_grad_fn():
+        harness.record("zero_grad")
+        optimizer.zero_grad()
+
+    def backward_fn(loss):
+        harness.record("backward")
+        if _takes(strategy.backward, "optimizer_idx"):
+            strategy.backward(loss, optimizer, 0)
+        else:
+            strategy.backward(loss, optimizer)
+
+    closure = Closure(step_fn=step_fn, backward_fn=backward_fn, zero_grad_fn=zero_grad_fn)
+    if _takes(model.optimizer_step, "optimizer_idx"):  # pytorch-lightning <= 1.9
+        run = partial(model.optimizer_step, 0, 1, lopt, 0, closure)
+    else:
+        run = partial(model.optimizer_step, 0, 1, lopt, closure)
+    return TracedStep(
+        params=params,
+        optimizer=optimizer,
+        warmup_loss=lambda: torch.nn.functional.mse_loss(model.layer(x0), y0),
+        run=run,
+        route=["LightningModule.optimizer_step -> LightningOptimizer.step -> Strategy.optimizer_step -> %s.%s"
+               % (target.owner.__name__, target.attribute)],
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# the upstream order, by hand (the graph check's harness self-test)
+# ----------------------------------------------------------------------------------------------
+
+def _reduce_after(optimizer, closure):
+    import torch_xla.core.xla_model as xm
+
+    closure_result = closure()
+    xm.reduce_gradients(optimizer)
+    return closure_result
+
+
+def reference_fix(target):
+    """Replace the row's method by the upstream fix order written out by hand (pytorch-lightning
+    1.9's ``_tpu_wrap_closure``): closure, then ``reduce_gradients``, then the step, then
+    ``mark_step``.  Only for rows the shim patches; fixed-upstream rows already have it."""
+    kind = kind_of(target.row)
+    if kind == TRAINER:
+        method = _reference_trainer_step(target.function)
+    elif kind == FABRIC:
+        method = _reference_fabric_step
+    else:
+        raise NotImplementedError("no reference order for %s rows" % kind)
+    setattr(target.owner, target.attribute, method)
+
+
+def _reference_trainer_step(original):
+    import torch_xla.core.xla_model as xm
+
+    def finish(optimizer, wrapped, kwargs):
+        closure_result = optimizer.step(closure=wrapped, **kwargs)
+        xm.mark_step()
+        return closure_result
+
+    if _takes(original, "optimizer_idx"):  # pytorch-lightning <= 1.9
+        def optimizer_step(self, optimizer, model, optimizer_idx, closure, **kwargs):
+            wrapped = partial(_reduce_after, optimizer, closure)
+            return finish(optimizer, partial(self._wrap_closure, model, optimizer, optimizer_idx, wrapped), kwargs)
+    else:
+        def optimizer_step(self, optimizer, model, closure, **kwargs):
+            wrapped = partial(_reduce_after, optimizer, closure)
+            return finish(optimizer, partial(self._wrap_closure, model, optimizer, wrapped), kwargs)
+    return optimizer_step
+
+
+def _reference_fabric_step(self, optimizer, **kwargs):
+    import torch_xla.core.xla_model as xm
+
+    closure = kwargs.pop("closure", None)
+    if closure is None:
+        return xm.optimizer_step(optimizer, optimizer_args=kwargs)
+    result = optimizer.step(closure=partial(_reduce_after, optimizer, closure), **kwargs)
+    xm.mark_step()
+    return result

@@ -1,0 +1,223 @@
+"""Run Python child processes with a hard timeout and read the JSON result each one leaves.
+
+Every verification step (the event-order self-test, the XLA graph check), the demo's replicas and
+the test suite's subprocess scenarios start children the same way, through :func:`run_children`:
+
+* each child gets its own session (process group), so a child that starts helpers of its own (the
+  replica pool of torch_xla's ``run_multiprocess``) is ended as a whole;
+* all children share one deadline; at the deadline every group still running is killed
+  (SIGKILL), and the run reports "timed out" instead of hanging (an XLA collective executed on
+  the CPU waits forever on torch_xla 2.1);
+* stdout and stderr are drained by threads while the children run, so children running at the
+  same time never block on a full pipe; ``on_line`` sees stdout lines as they arrive;
+* the result is JSON: either the last stdout line that starts with ``marker``, or the file the
+  child was told to write (``result_files``); with ``marker=None`` and no file, none is expected.
+
+When a child has exited, whatever is left in its process group is killed before the child is
+reaped: the exited leader keeps the group id reserved until then, so the signal can only reach
+processes this child started.
+"""
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import namedtuple
+
+#: Default prefix of the result line a child prints: ``<marker><json>``.
+RESULT_MARK = "TPU_CLOSURE_FIX_RESULT "
+
+_POLL = 0.05
+_TAIL = 4000
+
+
+class ChildRun(namedtuple("ChildRun", "argv returncode payload stdout stderr seconds timed_out error")):
+    """What one child did.  ``payload``: the parsed JSON result, or None.  ``error``: None, or one
+    line saying what went wrong (timed out, exited with a code, printed no result, bad JSON)."""
+
+    __slots__ = ()
+
+    @property
+    def ok(self):
+        return self.error is None
+
+    def stderr_tail(self, chars=_TAIL):
+        return (self.stderr or "")[-chars:]
+
+    def last_error_line(self):
+        """The last line of stderr that looks like an exception (``Name: message``), else ''."""
+        for line in reversed((self.stderr or "").splitlines()):
+            text = line.strip()
+            head = text.split(":", 1)[0]
+            if ":" in text and head and head.replace(".", "").replace("_", "").isalnum() and \
+                    (head.endswith(("Error", "Exception", "Interrupt")) or head == "Exception"):
+                return text
+        return ""
+
+
+def python_command(module, *args, python=None):
+    """``[python, "-m", module, *args]`` with this interpreter by default."""
+    return [python or sys.executable, "-m", module] + [str(a) for a in args]
+
+
+def run_child(argv, timeout, env=None, cwd=None, marker=RESULT_MARK, result_file=None, on_line=None):
+    """Run one child; see :func:`run_children`."""
+    return run_children([argv], timeout, env=env, cwd=cwd, marker=marker,
+                        result_files=None if result_file is None else [result_file],
+                        on_line=None if on_line is None else (lambda index, line: on_line(line)))[0]
+
+
+def run_children(commands, timeout, env=None, cwd=None, marker=RESULT_MARK, result_files=None, on_line=None):
+    """Start every command at once, wait for all (one shared deadline), return a ChildRun each.
+
+    ``env``: the environment of every child (a dict), or a list with one per child.
+    ``result_files``: per child, a path to read the JSON result from instead of stdout (or None).
+    ``on_line(index, line)``: called from a reader thread for every stdout line of child ``index``.
+    """
+    envs = env if isinstance(env, list) else [env] * len(commands)
+    files = result_files or [None] * len(commands)
+    if not (len(envs) == len(files) == len(commands)):
+        raise ValueError("commands, env and result_files must have the same length")
+    deadline = time.monotonic() + timeout
+    started = [_start(list(argv), child_env, cwd, index, on_line) for index, (argv, child_env)
+               in enumerate(zip(commands, envs))]
+    runs = []
+    for (argv, proc, readers, start), result_file in zip(started, files):
+        timed_out = not _wait_then_end_group(proc, deadline)
+        for reader in readers:
+            reader.join(timeout=30)
+        stdout, stderr = "".join(readers[0].chunks), "".join(readers[1].chunks)
+        runs.append(_describe(argv, proc.returncode, stdout, stderr, time.monotonic() - start, timed_out, timeout,
+                              marker, result_file))
+    return runs
+
+
+class _Reader(threading.Thread):
+    def __init__(self, stream, index, on_line):
+        super().__init__(daemon=True)
+        self.stream, self.index, self.on_line, self.chunks = stream, index, on_line, []
+
+    def run(self):
+        try:
+            for line in self.stream:
+                self.chunks.append(line)
+                if self.on_line is not None:
+                    try:
+                        self.on_line(self.index, line)
+                    except Exception:  # a progress callback must never lose the child's output
+                        self.on_line = None
+        finally:
+            self.stream.close()
+
+
+def _start(argv, env, cwd, index, on_line):
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, universal_newlines=True, start_new_session=True)
+    readers = [_Reader(proc.stdout, index, on_line), _Reader(proc.stderr, index, None)]
+    for reader in readers:
+        reader.start()
+    return argv, proc, readers, start
+
+
+def _wait_then_end_group(proc, deadline):
+    """Wait for ``proc`` until ``deadline``; kill its process group; reap it.  True if it exited."""
+    exited = _wait_unreaped(proc, deadline)
+    _kill_group(proc)
+    proc.wait()
+    return exited
+
+
+def _wait_unreaped(proc, deadline):
+    waitid = getattr(os, "waitid", None)
+    while time.monotonic() < deadline:
+        if waitid is not None:
+            # WNOWAIT: the exited child stays a zombie, so its group id cannot be reused before the kill
+            try:
+                if waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                    return True
+            except ChildProcessError:
+                return True
+        elif proc.poll() is not None:
+            return True
+        time.sleep(_POLL)
+    return False
+
+
+def _kill_group(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        if proc.returncode is None:
+            try:
+                proc.kill()
+            except OSError:
+                pass
+
+
+def _describe(argv, returncode, stdout, stderr, seconds, timed_out, timeout, marker, result_file):
+    payload, error = None, None
+    if timed_out:
+        error = "timed out after %.0f s (process group killed)" % timeout
+    else:
+        try:
+            payload = _read_result(stdout, marker, result_file)
+        except (OSError, ValueError) as exc:
+            error = "could not read the child's result: %s: %s" % (type(exc).__name__, exc)
+        if error is None and returncode != 0:
+            error = "exited with code %s" % returncode
+        if error is None and payload is None and (marker is not None or result_file is not None):
+            error = "printed no result"
+        if error is not None and returncode != 0:
+            exc_line = ChildRun(argv, returncode, None, stdout, stderr, 0, False, None).last_error_line()
+            if exc_line:
+                error += ": " + exc_line
+    return ChildRun(argv, returncode, payload, stdout, stderr, round(seconds, 1), timed_out, error)
+
+
+def _read_result(stdout, marker, result_file):
+    if result_file is not None:
+        if not os.path.exists(result_file):
+            return None
+        with open(result_file) as handle:
+            return json.load(handle)
+    if marker is None:
+        return None
+    lines = [line for line in stdout.splitlines() if line.startswith(marker)]
+    return json.loads(lines[-1][len(marker):]) if lines else None
+
+
+def emit(payload, marker=RESULT_MARK, stream=None):
+    """In a child: print the result line the parent reads (flushed)."""
+    stream = stream or sys.stdout
+    stream.write(marker + json.dumps(payload, default=str) + "\n")
+    stream.flush()
+
+
+@contextlib.contextmanager
+def only_this_package_on_path(env):
+    """Yield ``(env, folder)``: a copy of ``env`` whose PYTHONPATH starts with a private folder holding just this
+    ``tpu_closure_fix`` (a symlink, or a copy where symlinks fail).
+
+    A child run by another interpreter (another venv) must import *this* package and nothing else
+    from our environment; the folder is made by ``mkdtemp`` (mode 0700) and removed afterwards.
+    """
+    folder = tempfile.mkdtemp(prefix="tpu-closure-fix-child-")
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        try:
+            os.symlink(package, os.path.join(folder, "tpu_closure_fix"))
+        except OSError:
+            shutil.copytree(package, os.path.join(folder, "tpu_closure_fix"),
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        child_env = dict(env)
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            [folder] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        yield child_env, folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
