@@ -186,6 +186,8 @@ def _examine(key, module=None):
     if current is None:
         return Finding(SKIPPED, "%s defines no %s" % (getattr(owner, "__name__", owner), attr), site, release, None)
     if is_ours(current):
+        if not _state.switch.on:
+            return _passing_through(site, release)
         return Finding(PATCHED, _state.notes.get(key, note), site, release, None)
     shape = site.shape.check(current)
     if site.fix is None:
@@ -199,6 +201,13 @@ def _examine(key, module=None):
     if not _state.enabled:
         return Finding(DISABLED, _state.disabled_reason, site, release, None)
     return Finding(PATCHABLE, note, site, release, (owner, attr, current))
+
+
+def _passing_through(site, release):
+    """A wrapper of ours that disable() could not remove (another wrapper on top of it, or a class
+    object replaced by a reload): switched off, it passes every call to the original."""
+    return Finding(DISABLED, "%s; a wrapper it could not remove passes calls through to the original"
+                   % _state.disabled_reason, site, release, None)
 
 
 def _same_code_row(rows, owner, attr, release):
@@ -259,6 +268,8 @@ def _examine_inherited(site, release, cls, attr):
         return Finding(SKIPPED, "inherits %s, expected %s" % (base_qualname, site.inherits), site, release, None)
     reason = "via %s.%s" % (owner.__module__, base_qualname)
     if is_ours(vars(owner)[attr]):
+        if not _state.switch.on:
+            return _passing_through(site, release)
         return Finding(PATCHED, reason, site, release, None)
     base = _examine((owner.__module__, base_qualname))
     verdict = base.verdict
