@@ -176,7 +176,7 @@ def _examine(key, module=None):
             return _unknown_release(rows, package, release, None, attr)
         return Finding(SKIPPED, owner, site, release, None)
     note = ""
-    if site is None:
+    if site is None and not _package_knows(package, release):
         site, note = _same_code_row(rows, owner, attr, release)
     if site is None:
         return _unknown_release(rows, package, release, owner, attr)
@@ -210,6 +210,12 @@ def _passing_through(site, release):
                    % _state.disabled_reason, site, release, None)
 
 
+def _package_knows(package, release):
+    """True when some row of ``package`` names ``release``: then a site none of whose rows does is not in
+    this release (or unknown for this site), never "the same code as" another release."""
+    return any(in_range(release, row.releases) for row in _sites.CALL_SITES if row.package == package)
+
+
 def _same_code_row(rows, owner, attr, release):
     """(row, note) for a release no row names whose code is identical to a row's known release.
 
@@ -236,7 +242,7 @@ def _same_code_row(rows, owner, attr, release):
 
 
 def _unknown_release(rows, package, release, owner, attr):
-    if any(in_range(release, row.releases) for row in _sites.CALL_SITES if row.package == package):
+    if _package_knows(package, release):
         if not _has_buggy_shape(owner, attr, rows):
             return Finding(ABSENT, "", None, release, None)
         # Another site of this package knows the release, but this code still holds the buggy call:
