@@ -192,6 +192,8 @@ def _examine(key, module=None):
     if current is None:
         return Finding(SKIPPED, "%s defines no %s" % (getattr(owner, "__name__", owner), attr), site, release, None)
     if is_ours(current):
+        if not _state.switch.on:
+            return _passing_through(site, release)
         return Finding(PATCHED, _state.notes.get(key, note), site, release, None)
     shape = site.shape.check(current)
     if site.fix is None:
@@ -207,7 +209,16 @@ def _examine(key, module=None):
     return Finding(PATCHABLE, note, site, release, (owner, attr, current))
 
 
+def _passing_through(site, release):
+    """A wrapper of ours that disable() could not remove (another wrapper on top of it, or a class
+    object replaced by a reload): switched off, it passes every call to the original."""
+    return Finding(DISABLED, "%s; a wrapper it could not remove passes calls through to the original"
+                   % _state.disabled_reason, site, release, None)
+
+
 def _package_knows(package, release):
+    """True when some row of ``package`` names ``release``: then a site none of whose rows does is not in
+    this release (or unknown for this site), never "the same code as" another release."""
     return any(in_range(release, row.releases) for row in _sites.CALL_SITES if row.package == package)
 
 
@@ -280,6 +291,8 @@ def _examine_inherited(site, release, cls, attr):
     reason = "via %s.%s" % (owner.__module__, base_qualname)
     function = vars(owner)[attr]
     if is_ours(function):
+        if not _state.switch.on:
+            return _passing_through(site, release)
         return Finding(PATCHED, reason, site, release, None)
     base = _examine((owner.__module__, base_qualname))
     if base.verdict in (PATCHABLE, PATCHED) and base.site is not None and base.site.shape.check(function).ok:

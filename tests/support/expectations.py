@@ -5,6 +5,10 @@
 * Lite (PL 1.5-1.7 LightningLite, lightning-lite 1.8) and Fabric (through 2.6.6)
   reduce before a user closure passed to ``optimizer.step(closure)`` in every
   release.
+* torch_xla's ``xm.optimizer_step`` reduces, then calls
+  ``optimizer.step(**optimizer_args)``: a closure passed there runs after the
+  reduction, in every release (a plain loop is affected whatever framework is
+  installed).
 """
 from packaging.version import Version
 
@@ -54,7 +58,18 @@ SCENARIOS = {
     "lite-adam": {"api": "lite", "optimizer": "adam", "steps": 3},
     "lite-lbfgs": {"api": "lite", "optimizer": "lbfgs", "steps": 2},
     "lite-bf16": {"api": "lite", "optimizer": "sgd", "steps": 2, "bf16": True},
+    # A plain PyTorch loop calling torch_xla's xm.optimizer_step(opt, optimizer_args={"closure": closure}):
+    # reduce-then-step in every torch_xla release, whatever framework is installed (the torch_xla guard).
+    "xla-sgd": {"api": "xla", "optimizer": "sgd", "steps": 3},
+    "xla-adam": {"api": "xla", "optimizer": "adam", "steps": 3},
+    # LBFGS returns each replica's local loss from the closure; its loss-based branch (tolerance_change,
+    # 1e-9) takes the same turn on both replicas with this data, so they stay in lockstep.
+    "xla-lbfgs": {"api": "xla", "optimizer": "lbfgs", "steps": 2},
 }
+
+#: The plain-loop scenarios test torch_xla's own function, not the Lightning release: they run on the
+#: representative targets only (the main affected release, the oldest supported wrapt, the newest Fabric).
+XLA_LOOP_TARGETS = ("pytorch-lightning==1.8.6", "pytorch-lightning==1.8.6+wrapt==1.14.1", "lightning-fabric==2.6.6")
 
 
 def _trainer_version(target):
@@ -97,6 +112,10 @@ def not_applicable(target):
     elif lite >= Version("2.1"):
         out["lite-bf16"] = ("Fabric >= 2.1: no TPUBf16Precision subclass of the call site in the table; "
                             "the graveyard bf16 classes run bf16-true (a different dtype)")
+    if target not in XLA_LOOP_TARGETS:
+        for n in (n for n in SCENARIOS if SCENARIOS[n]["api"] == "xla"):
+            out[n] = ("plain torch_xla loop: independent of the Lightning release, run on %s only"
+                      % ", ".join(XLA_LOOP_TARGETS))
     return out
 
 
@@ -133,12 +152,15 @@ def bug_can_occur(target, name):
     Manual optimization: the user's backward has run before ``opt.step()``, the
     closure is a do-nothing one, so reducing before it is right: never affected.
     Trainer scenarios: affected before 1.9.0. Lite/Fabric with a closure: always.
+    A plain loop passing its closure to ``xm.optimizer_step``: always.
     """
     scenario = SCENARIOS[name]
     if scenario.get("manual"):
         return False
     if scenario["api"] == "trainer":
         return trainer_affected(target)
+    if scenario["api"] == "xla":
+        return True  # torch_xla's optimizer_step reduces before the closure in every release
     return lite_affected(target)
 
 

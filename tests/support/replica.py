@@ -1,4 +1,4 @@
-"""One simulated TPU replica: runs training scenarios through the installed Lightning.
+"""One simulated TPU replica: runs training scenarios through the installed Lightning (or a plain loop).
 
 Run as a process (``python -m support.replica ...`` with ``tests`` on sys.path),
 one per replica, joined by ``torch.distributed`` over gloo. Only torch_xla is
@@ -6,7 +6,8 @@ replaced, by :mod:`support.xla_standin`, whose ``reduce_gradients`` averages
 gradients across the replica processes exactly as torch_xla does when the world
 size is > 1. Everything else -- the Trainer, its loops and closures, the TPU
 precision plugin, Lite/Fabric and their optimizer wrappers -- is the installed,
-released Lightning code.
+released Lightning code. The ``xla`` scenarios are a plain PyTorch loop that
+calls ``xm.optimizer_step`` with a closure itself (:func:`run_xla_loop`).
 
 Whether the shim is active follows the environment, as for a user:
 the process imports ``tpu_closure_fix`` and ``TPU_CLOSURE_FIX`` decides.
@@ -136,7 +137,7 @@ def reference(scenario, world):
 
 # --------------------------------------------------------------------------- run
 def site_state():
-    """For every call-site key whose module is loaded: is the class attribute our wrapper, and its verdict."""
+    """For every call-site key whose module is loaded: is the class attribute our wrapper, its verdict and why."""
     from tpu_closure_fix import engine, sites
 
     out = {}
@@ -148,15 +149,47 @@ def site_state():
         cls = module if class_name is None else getattr(module, class_name, None)
         if class_name is not None and not isinstance(cls, type):
             continue
-        out["%s:%s" % key] = {"wrapped": engine.is_ours(vars(cls).get(attr)),
-                              "verdict": engine.examine(key).verdict}
+        finding = engine.examine(key)
+        out["%s:%s" % key] = {"wrapped": engine.is_ours(vars(cls).get(attr)), "verdict": finding.verdict,
+                              "reason": finding.reason}
     return out
+
+
+def run_xla_loop(scenario, rank, world):
+    """A plain PyTorch loop on torch_xla: ``xm.optimizer_step(opt, optimizer_args={"closure": closure})``.
+
+    ``xm`` is what ``import torch_xla.core.xla_model`` gives a user's script (the
+    stand-in, whose ``optimizer_step`` attribute is the guard when the shim is
+    on); no framework is involved. Returns the parameters after every step.
+    """
+    import torch_xla.core.xla_model as installed
+
+    layers = make_layers(scenario)
+    params = [p for layer in layers for p in layer.parameters()]
+    optimizer = make_optimizer(scenario["optimizer"], params)
+    optimizer.register_step_post_hook(lambda *args: xm.record("step"))
+    trajectory = []
+    for x, y in batches(rank, scenario["steps"], 1):
+        def closure(x=x, y=y):
+            xm.record("zero_grad")
+            optimizer.zero_grad()
+            xm.record("forward")
+            loss = loss_fn(layers, x, y)
+            loss.backward()
+            xm.record("backward")
+            return loss
+
+        installed.optimizer_step(optimizer, optimizer_args={"closure": closure})
+        trajectory.append(flat(params))
+    return trajectory
 
 
 def run_scenario(scenario, rank, world):
     xm.clear()
     if scenario["api"] == "trainer":
         params = api.run_trainer(scenario, rank, world, sys.modules[__name__])
+    elif scenario["api"] == "xla":
+        params = run_xla_loop(scenario, rank, world)
     else:
         params = api.run_lite(scenario, rank, world, sys.modules[__name__])
     entry = {"events": [[name, info] for name, info in xm.events], "params": params}

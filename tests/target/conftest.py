@@ -7,8 +7,10 @@ Lightning release); with it, a target that does not import is a failure.
 """
 import json
 import os
+import re
 import socket
 import sys
+import sysconfig
 
 import pytest
 
@@ -30,13 +32,16 @@ ONLY_ON = {
     "test_activation.py": REPRESENTATIVE,
     "test_faults.py": ("pytorch-lightning==1.8.6",),
     "test_unhooked.py": ("pytorch-lightning==1.8.6",),
-    "test_orderings.py": ("pytorch-lightning==1.8.6",),
     "test_concurrency.py": ("pytorch-lightning==1.8.6",),
     "test_pickle_patched.py": ("pytorch-lightning==1.8.6", "pytorch-lightning==1.8.6+wrapt==1.14.1"),
     # SyncCheck supports Lightning >= 1.5: the oldest and newest Trainer lines and the newest Fabric.
     "test_synccheck.py": ("pytorch-lightning==1.5.10", "pytorch-lightning==1.8.6", "lightning==2.6.6",
                           "lightning-fabric==2.6.6"),
     "test_demo.py": ("pytorch-lightning==1.8.6",),
+    # Lightning's own mock.patch("torch_xla.core.xla_model") style: the Trainer plugin + Lite 1.8, and Fabric.
+    "test_mock_style.py": ("pytorch-lightning==1.8.6", "lightning-fabric==2.6.6"),
+    # A Fabric release newer than the table: the newest Fabric, presented as 2.6.7 / 2.9.0.
+    "test_code_identity.py": ("lightning-fabric==2.6.6",),
     # one target per call-site family: accelerator, Trainer plugin + Lite, fixed Trainer + Fabric XLAPrecision
     "test_check.py": ("pytorch-lightning==1.4.9", "pytorch-lightning==1.5.10", "pytorch-lightning==1.8.6",
                       "pytorch-lightning==2.6.6",
@@ -59,24 +64,71 @@ def defined_where(condition):
     return decorate
 
 
+def target_dir():
+    """The folder of the target under test (the PYTHONPATH entry scripts/matrix.py set)."""
+    (path,) = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+               if p and os.path.abspath(p) != REPO and "targets" in p]
+    return path
+
+
+def base_purelib():
+    """The base venv's site-packages (torch, wrapt...), for children started with ``python -S``."""
+    return sysconfig.get_paths()["purelib"]
+
+
+def warnings_of(stderr):
+    """Lines of tpu-closure-fix warnings as the user sees them (warnings module's default format)."""
+    return [line for line in stderr.splitlines() if re.search(r"\w+Warning: .*tpu-closure-fix", line)]
+
+
+PROBE_MARK = "PROBE "
+
+
+def run_module(module, args=(), cwd=None, pythonpath=None, env=None, python=None, python_args=(), prefix=(),
+               argv=None, timeout=TIMEOUT):
+    """Run ``python -m support.<module> args`` in a fresh interpreter; return (probe output, completed process).
+
+    The child sees ``pythonpath`` (default: the repo, then the target) and, last, the ``tests`` folder, so
+    ``support`` is importable without shadowing anything. TPU_CLOSURE_FIX and PYTHONWARNINGS are dropped
+    (the scenario or ``env`` decides them). ``argv`` replaces the whole command line (a launcher in front
+    of the interpreter). The probe output is the JSON of the last ``PROBE`` line on stdout.
+    """
+    environ = {k: v for k, v in os.environ.items() if k not in ("TPU_CLOSURE_FIX", "PYTHONWARNINGS")}
+    environ["PYTHONPATH"] = os.pathsep.join(list(pythonpath or [REPO, target_dir()]) + [TESTS])
+    environ.update(env or {})
+    command = argv or [python or sys.executable] + list(python_args) + ["-m", "support." + module] + list(args)
+    proc = subprocess.run(list(prefix) + list(command), env=environ, capture_output=True, text=True,
+                          timeout=timeout, cwd=str(cwd or TESTS))
+    assert proc.returncode == 0, "support.%s %s failed:\n%s%s" % (module, " ".join(args), proc.stdout[-2000:],
+                                                                   proc.stderr[-4000:])
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(PROBE_MARK)]
+    assert lines, "support.%s printed no result:\n%s" % (module, proc.stdout[-2000:] + proc.stderr[-4000:])
+    return json.loads(lines[-1][len(PROBE_MARK):]), proc
+
+
 def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def child_env(shim, extra=None):
+def child_env(shim, extra=None, path_first=()):
+    """The environment of a child: the shim on or off, the repo and ``tests`` on the path after
+    ``path_first`` (a modified copy of a package that must shadow the target's)."""
     env = dict(os.environ)
     env["TPU_CLOSURE_FIX"] = "1" if shim else "0"
     # absolute: children run with another working directory
-    paths = [REPO, TESTS] + [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = [str(p) for p in path_first] + [REPO, TESTS] + [
+        os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.update(extra or {})
     return env
 
 
-def run_replicas(scenarios, shim, tmp_path, world=REPLICAS):
-    """Run ``world`` replica processes (support.replica; hard timeout) and return rank -> result JSON."""
+def run_replicas(scenarios, shim, tmp_path, world=REPLICAS, path_first=()):
+    """Run ``world`` replica processes (support.replica; hard timeout) and return rank -> result JSON.
+
+    ``path_first``: folders put before everything else on the replicas' path (see child_env)."""
     from tpu_closure_fix.verify.child import run_children
 
     port = _free_port()
@@ -84,7 +136,7 @@ def run_replicas(scenarios, shim, tmp_path, world=REPLICAS):
     commands = [[sys.executable, "-m", "support.replica", "--rank", str(rank), "--world", str(world),
                  "--port", str(port), "--scenarios", json.dumps(scenarios), "--out", out]
                 for rank, out in enumerate(outs)]
-    runs = run_children(commands, TIMEOUT, env=child_env(shim), cwd=TESTS, result_files=outs)
+    runs = run_children(commands, TIMEOUT, env=child_env(shim, path_first=path_first), cwd=TESTS, result_files=outs)
     for rank, run in enumerate(runs):
         if not run.ok:
             raise AssertionError("replica %d (shim=%s) %s:\n%s%s" % (rank, shim, run.error, run.stdout[-2000:],

@@ -16,57 +16,12 @@ import os
 import subprocess
 import sys
 import sysconfig
-import textwrap
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, TESTS
 
 # Runs on the representative targets only: see ONLY_ON in conftest.py.
-
-PROBE = textwrap.dedent(
-    """
-    import json, sys, warnings
-    warnings.simplefilter("ignore", DeprecationWarning)
-    before = sorted(m for m in ("tpu_closure_fix", "wrapt") if m in sys.modules)
-    import importlib
-    from support_sites import import_all
-    patched = import_all()
-    print(json.dumps({"before": before, "patched": patched}))
-    """
-)
-
-# Imports every installed call-site module and reports, per class attribute, the wrapper depth.
-SUPPORT_SITES = textwrap.dedent(
-    """
-    import importlib, sys
-
-    MODULES = %r
-
-    def depth(obj):
-        import wrapt
-
-        n = 0
-        while isinstance(obj, wrapt.FunctionWrapper):
-            n += 1
-            obj = obj.__wrapped__
-        return n
-
-    def import_all():
-        out = {}
-        for module_name, qualname in MODULES:
-            try:
-                module = importlib.import_module(module_name)
-            except ImportError:
-                continue
-            cls_name, attr = qualname.rsplit(".", 1)
-            cls = getattr(module, cls_name, None)
-            if cls is None or attr not in vars(cls):
-                continue
-            out[module_name + ":" + qualname] = depth(vars(cls)[attr])
-        return out
-    """
-)
 
 
 def _site_list():
@@ -78,10 +33,8 @@ def _site_list():
 
 @pytest.fixture(scope="session")
 def probe_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("probe")
-    (d / "support_sites.py").write_text(SUPPORT_SITES % (_site_list(),))
-    (d / "probe.py").write_text(PROBE)
-    return d
+    """An empty working directory for the probes (nothing in it can shadow a module)."""
+    return tmp_path_factory.mktemp("probe")
 
 
 def _target_path():
@@ -89,14 +42,24 @@ def _target_path():
             if p and os.path.abspath(p) != REPO]
 
 
-def run_probe(python, probe_dir, env_extra=None, pythonpath_extra=(), args=None, drop_env=()):
+def probe_env(env_extra=None, pythonpath_extra=(), drop_env=()):
+    """The probe's environment: the tests folder (for ``support``) after ``pythonpath_extra``, then the
+    target; the call sites to look at in TCF_SITES."""
     env = {k: v for k, v in os.environ.items() if k not in ("TPU_CLOSURE_FIX",) + tuple(drop_env)}
-    env["PYTHONPATH"] = os.pathsep.join(list(pythonpath_extra) + [str(probe_dir)] + _target_path())
+    env["PYTHONPATH"] = os.pathsep.join(list(pythonpath_extra) + [TESTS] + _target_path())
+    env["TCF_SITES"] = json.dumps(_site_list())
     env.update(env_extra or {})
-    proc = subprocess.run([python] + (args or [str(probe_dir / "probe.py")]), env=env, capture_output=True,
+    return env
+
+
+def run_probe(python, probe_dir, env_extra=None, pythonpath_extra=(), args=(), drop_env=()):
+    """``python -m support.activation_probe ARGS``; returns (its PROBE output, the completed process)."""
+    env = probe_env(env_extra, pythonpath_extra, drop_env)
+    proc = subprocess.run([python, "-m", "support.activation_probe"] + list(args), env=env, capture_output=True,
                           text=True, timeout=300, cwd=str(probe_dir))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), proc
+    line = [l for l in proc.stdout.splitlines() if l.startswith("PROBE ")][-1]
+    return json.loads(line[len("PROBE "):]), proc
 
 
 def assert_patched(result):
@@ -111,24 +74,18 @@ def assert_unpatched(result):
 
 # --------------------------------------------------------------------------- plain import
 def test_import_after_lightning(probe_dir):
-    code = "import sys; sys.argv=['x']; import support_sites as s, json; r = s.import_all(); " \
-           "import tpu_closure_fix; print(json.dumps({'before': [], 'patched': s.import_all()}))"
-    result, _ = run_probe(sys.executable, probe_dir, pythonpath_extra=[REPO], args=["-c", code])
+    result, _ = run_probe(sys.executable, probe_dir, pythonpath_extra=[REPO], args=["import-after"])
     assert_patched(result)
 
 
 def test_import_before_lightning(probe_dir):
-    code = "import tpu_closure_fix, support_sites as s, json; print(json.dumps({'before': [], " \
-           "'patched': s.import_all()}))"
-    result, _ = run_probe(sys.executable, probe_dir, pythonpath_extra=[REPO], args=["-c", code])
+    result, _ = run_probe(sys.executable, probe_dir, pythonpath_extra=[REPO], args=["import-before"])
     assert_patched(result)
 
 
 def test_import_with_switch_off_twin(probe_dir):
-    code = "import tpu_closure_fix, support_sites as s, json; print(json.dumps({'before': [], " \
-           "'patched': s.import_all()}))"
     result, _ = run_probe(sys.executable, probe_dir, env_extra={"TPU_CLOSURE_FIX": "0"}, pythonpath_extra=[REPO],
-                          args=["-c", code])
+                          args=["import-before"])
     assert_unpatched(result)
 
 
@@ -192,19 +149,15 @@ def test_pth_switch_off_twin(pth_venv, probe_dir):
 
 def test_pth_idle_interpreter_pays_nothing(pth_venv, probe_dir):
     python, _ = pth_venv
-    code = "import sys; print(sorted(m for m in sys.modules if m.startswith(('tpu_closure_fix', 'wrapt', 'torch', " \
-           "'pytorch_lightning', 'lightning'))))"
-    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.stdout.strip() == "[]"
+    result, _ = run_probe(python, probe_dir, args=["idle"])
+    assert result["loaded"] == []
     silent = subprocess.run([python, "-c", "pass"], capture_output=True, text=True, timeout=60)
     assert silent.stdout == "" and silent.stderr == ""
 
 
 def test_pth_plus_import_one_layer(pth_venv, probe_dir):
     python, _ = pth_venv
-    code = "import support_sites as s, json; r = s.import_all(); import tpu_closure_fix; " \
-           "tpu_closure_fix.enable(); tpu_closure_fix.enable(); print(json.dumps({'before': [], 'patched': s.import_all()}))"
-    result, _ = run_probe(python, probe_dir, args=["-c", code])
+    result, _ = run_probe(python, probe_dir, args=["enable-twice"])
     assert_patched(result)
 
 
@@ -237,11 +190,10 @@ def test_sitecustomize_example(bare_venv, probe_dir):
 def test_pythonstartup_interactive_only(bare_venv, probe_dir):
     python, _ = bare_venv
     startup = os.path.join(REPO, "sitecustomize_example", "sitecustomize.py")
-    env = {k: v for k, v in os.environ.items() if k not in ("TPU_CLOSURE_FIX", "AUTOWRAPT_BOOTSTRAP")}
-    env["PYTHONPATH"] = os.pathsep.join([str(probe_dir)] + _target_path())
-    env["PYTHONSTARTUP"] = startup
-    session = "import support_sites as s, json\nprint('RESULT', json.dumps(s.import_all()))\n"
-    proc = subprocess.run([python, "-i", "-q"], input=session, env=env, capture_output=True, text=True, timeout=300)
+    env = probe_env(env_extra={"PYTHONSTARTUP": startup}, drop_env=("AUTOWRAPT_BOOTSTRAP",))
+    session = "from support import activation_probe\nactivation_probe.interactive()\n"  # typed at the prompt
+    proc = subprocess.run([python, "-i", "-q"], input=session, env=env, capture_output=True, text=True, timeout=300,
+                          cwd=str(probe_dir))
     line = next(l for l in proc.stdout.splitlines() if "RESULT" in l)
     depths = json.loads(line.split("RESULT", 1)[1])
     assert depths and set(depths.values()) == {1}, depths
@@ -258,8 +210,7 @@ def test_pythonstartup_interactive_only(bare_venv, probe_dir):
 def test_switch_values(pth_venv, probe_dir, value, expect_patched, expect_warning):
     python, _ = pth_venv
     extra = {} if value is None else {"TPU_CLOSURE_FIX": value}
-    code = "import warnings; warnings.simplefilter('always'); exec(open('probe.py').read())"
-    result, proc = run_probe(python, probe_dir, env_extra=extra, args=["-c", code])
+    result, proc = run_probe(python, probe_dir, env_extra=extra, args=["--warnings-always"])
     (assert_patched if expect_patched else assert_unpatched)(result)
     warnings_seen = [l for l in proc.stderr.splitlines() if "TPUClosureFixWarning" in l]
     if expect_warning:

@@ -6,86 +6,41 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
-from conftest import REPO, TARGET, TESTS, child_env
+from conftest import TARGET, TESTS, child_env
 from support import expectations
 
-LIFECYCLE = textwrap.dedent(
-    """
-    import importlib, json, sys, warnings
-    warnings.simplefilter("ignore")
-    import wrapt
-    SITES = %r  # (module, qualname) of every row with a fix: passed in, importing the package would enable it
 
-    def depth(obj):
-        n = 0
-        while isinstance(obj, wrapt.FunctionWrapper):
-            n += 1
-            obj = obj.__wrapped__
-        return n
-
-    originals = {}
-    for module_name, qualname in SITES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        cls_name, attr = qualname.rsplit(".", 1)
-        cls = getattr(module, cls_name, None)
-        if cls is not None and attr in vars(cls):
-            original = vars(cls)[attr]
-            while isinstance(original, wrapt.FunctionWrapper):  # already patched by the .pth auto-enable
-                original = original.__wrapped__
-            originals[(module_name, qualname)] = (cls, attr, original)
-
-    def snapshot():
-        out = {}
-        for (module, qualname), (cls, attr, original) in originals.items():
-            current = vars(cls)[attr]
-            inner = current
-            while isinstance(inner, wrapt.FunctionWrapper):
-                inner = inner.__wrapped__
-            out[module + ":" + qualname] = {"depth": depth(current), "is_original": current is original,
-                                           "wraps_original": inner is original}
-        return out
-
-    log = {"before": snapshot(), "auto_enabled": "_tpu_closure_fix_startup" in sys.modules}
-    import tpu_closure_fix
-    log["import"] = snapshot()
-    import tpu_closure_fix
-    tpu_closure_fix.enable(); tpu_closure_fix.enable()
-    log["enable_twice"] = snapshot()
-    importlib.reload(tpu_closure_fix)
-    log["reload_package"] = snapshot()
-    tpu_closure_fix.disable()
-    log["disable"] = snapshot()
-    tpu_closure_fix.disable()
-    log["disable_twice"] = snapshot()
-    tpu_closure_fix.enable()
-    log["enable_again"] = snapshot()
-    log["status"] = tpu_closure_fix.status()
-    print(json.dumps(log))
-    """
-)
+def run(args, shim=True):
+    """``python ARGS`` in a fresh interpreter, the shim on or off (TPU_CLOSURE_FIX)."""
+    return subprocess.run([sys.executable] + list(args), env=child_env(shim), capture_output=True, text=True,
+                          timeout=300, cwd=TESTS)
 
 
-def run(code, shim=True, args=None):
-    proc = subprocess.run([sys.executable] + (args or ["-c", code]), env=child_env(shim), capture_output=True,
-                          text=True, timeout=300, cwd=TESTS)
-    return proc
+def lightning_sites():
+    """(module, qualname) of every Lightning row with a fix, for support.engine_probe."""
+    from tpu_closure_fix import sites
+
+    return sorted({(s.module, s.qualname) for s in sites.CALL_SITES
+                   if s.fix is not None and s.integration == "lightning"})
+
+
+def probe(check, env=None):
+    """support.engine_probe ``check`` in a fresh interpreter; its PROBE output."""
+    environ = child_env(True)
+    environ.update(env or {})
+    proc = subprocess.run([sys.executable, "-m", "support.engine_probe", check, json.dumps(lightning_sites())],
+                          env=environ, capture_output=True, text=True, timeout=300, cwd=TESTS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("PROBE ")][-1]
+    return json.loads(line[len("PROBE "):])
 
 
 @pytest.fixture(scope="module")
 def log():
-    from tpu_closure_fix import sites
-
-    proc = run(LIFECYCLE % ([(s.module, s.qualname) for s in sites.CALL_SITES
-                             if s.fix is not None and s.integration == "lightning"],))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return probe("lifecycle")
 
 
 def expected_patched(site):
@@ -125,13 +80,13 @@ def test_status_records(log):
 
 
 def test_cli_status_exit_codes_and_json():
-    enabled = run(None, shim=True, args=["-m", "tpu_closure_fix", "status", "--json"])
+    enabled = run(["-m", "tpu_closure_fix", "status", "--json"], shim=True)
     assert enabled.returncode == 0, enabled.stdout + enabled.stderr[-2000:]
     records = json.loads(enabled.stdout)
     patched = [r for r in records if r["verdict"] == "patched"]
     assert patched
     # The twin: the same environment with the switch off is reported, and gated, as unprotected.
-    disabled = run(None, shim=False, args=["-m", "tpu_closure_fix", "status", "--json"])
+    disabled = run(["-m", "tpu_closure_fix", "status", "--json"], shim=False)
     assert disabled.returncode == 1
     off = {(r["module"], r["method"]): r for r in json.loads(disabled.stdout)}
     for r in patched:
@@ -150,49 +105,9 @@ def test_cli_table_via_console_script():
     assert "patched" in proc.stdout and "OK:" in proc.stdout
 
 
-UNKNOWN_RELEASE = textwrap.dedent(
-    """
-    import importlib, json, sys, warnings
-    warnings.simplefilter("ignore")
-    SITES = %r
-    loaded = []
-    for module_name, qualname in SITES:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        cls = getattr(module, qualname.split(".")[0], None)
-        if cls is not None and qualname.split(".")[1] in vars(cls):
-            loaded.append((module_name, qualname, vars(cls)[qualname.split(".")[1]]))
-    # A release newer than any row (what a user gets after upgrading Lightning past the table):
-    for top in ("pytorch_lightning", "lightning", "lightning_lite", "lightning_fabric"):
-        if top in sys.modules:
-            sys.modules[top].__version__ = "99.0.0"
-    import os
-    os.environ["TPU_CLOSURE_FIX"] = "1"  # the parent set 0 to keep the .pth auto-enable out of the way so far
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        import tpu_closure_fix
-        tpu_closure_fix.enable()
-    untouched = all(vars(getattr(importlib.import_module(m), q.split(".")[0]))[q.split(".")[1]] is f
-                    for m, q, f in loaded)
-    print(json.dumps({"untouched": untouched, "loaded": len(loaded), "status": tpu_closure_fix.status(),
-                      "warnings": [str(w.message) for w in seen if w.category.__name__ == "TPUClosureFixWarning"]}))
-    """
-)
-
-
 def test_unknown_release_is_left_untouched_and_reported():
-    from tpu_closure_fix import sites
-
-    keys = sorted({(s.module, s.qualname) for s in sites.CALL_SITES if s.fix is not None and s.integration == "lightning"})
-    env = child_env(True)
-    env["TPU_CLOSURE_FIX"] = "0"  # keep the .pth auto-enable out of the way until the version is changed
-    code = UNKNOWN_RELEASE % (keys,)
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=TESTS)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    # TPU_CLOSURE_FIX=0 keeps the .pth auto-enable out of the way until the version is changed
+    out = probe("unknown-release", env={"TPU_CLOSURE_FIX": "0"})
     assert out["loaded"] and out["untouched"], out
     skipped = [r for r in out["status"] if r["verdict"] == "skipped"]
     assert skipped and all("unknown release 99.0.0" in r["reason"] for r in skipped), out["status"]

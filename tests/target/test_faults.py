@@ -12,170 +12,46 @@ put first on PYTHONPATH. Only torch_xla is the stand-in.
 In every case: Lightning imports and ``Trainer.fit`` trains, ``status()`` says
 what happened and why, and the user sees exactly one ``tpu-closure-fix``
 warning (none for the supported configurations: wrapt 1.14.1, zip, reload,
-read-only site-packages).
+read-only site-packages). Where a fault leaves Lightning's own code in place
+while the shim is on, that code's ``xm.optimizer_step(optimizer_args={"closure":
+...})`` call still goes through the torch_xla guard (the stand-in takes
+torch_xla's place after Lightning is imported, and the guard is patched then),
+so the recorded order is the guard's, never the bug; the shim-off twin shows
+the release's own order.
+
+Each scenario is a function of support/fault_scenarios.py, run as
+``python -m support.fault_scenarios NAME`` in the fault's environment.
 """
 import os
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
-import textwrap
 import zipfile
 
 import pytest
 
-from conftest import REPO, TARGET, TESTS
-from tpu_closure_fix.verify.child import run_child
+from conftest import REPO, TARGET, base_purelib, run_module, target_dir, warnings_of
 
 # These tests inject faults into one concrete release; the other matrix targets skip them.
 pytestmark = pytest.mark.skipif(TARGET != "pytorch-lightning==1.8.6", reason="fault tests run on PL 1.8.6 only")
 
 TIMEOUT = 240
-MODULE = "pytorch_lightning.plugins.precision.tpu"
-
-# Written next to the scenario as tcf_probe.py: the real Trainer on the torch_xla stand-in.
-PROBE = textwrap.dedent(
-    '''
-    """Probe: a real Lightning 1.8.6 Trainer on the torch_xla stand-in."""
-    import json
-    import os
-    import sys
-
-    sys.path.append(os.environ["TCF_TESTS"])  # after Lightning's own path entries
-    from support import xla_standin as xm  # noqa: E402
-
-    MODULE = "pytorch_lightning.plugins.precision.tpu"
-
-
-    def lightning():
-        import importlib
-
-        import pytorch_lightning as pl
-
-        xm.install()
-        module = importlib.import_module(MODULE)
-        module.xm = xm
-        module._XLA_AVAILABLE = True
-        return pl, module
-
-
-    def depth(obj):
-        n = 0
-        while type(obj).__name__ == "FunctionWrapper":
-            n += 1
-            obj = obj.__wrapped__
-        return n
-
-
-    def site_depth():
-        return depth(vars(sys.modules[MODULE].TPUPrecisionPlugin).get("optimizer_step"))
-
-
-    def train(steps=2, subclass=False):
-        """Trainer.fit for ``steps`` optimizer steps (no fit for 0; a Trainer subclass if asked);
-        returns (trainer, model, stand-in events)."""
-        import torch
-
-        pl, module = lightning()
-
-        class Model(pl.LightningModule):
-            def __init__(self):
-                super().__init__()
-                self.layer = torch.nn.Linear(2, 1)
-
-            def training_step(self, batch, batch_idx):
-                xm.record("forward")
-                return self.layer(batch).pow(2).mean()
-
-            def on_after_backward(self):
-                xm.record("backward")
-
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.1)
-
-        class UserTrainer(pl.Trainer):
-            pass
-
-        model = Model()
-        trainer_class = UserTrainer if subclass else pl.Trainer
-        trainer = trainer_class(max_steps=max(steps, 1), accelerator="cpu", devices=1, logger=False,
-                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                                num_sanity_val_steps=0, plugins=[module.TPUPrecisionPlugin()])
-        xm.clear()
-        if steps:
-            trainer.fit(model, train_dataloaders=torch.utils.data.DataLoader(torch.randn(2 * steps, 2), batch_size=2))
-        return trainer, model, xm.names()
-
-
-    def step_once(trainer, model, closure=None, **kwargs):
-        """One optimizer_step through the fitted trainer's plugin; returns the stand-in events."""
-        import torch
-
-        def default_closure():
-            xm.record("closure")
-            return torch.tensor(1.0)
-
-        xm.clear()
-        trainer.strategy.precision_plugin.optimizer_step(trainer.optimizers[0], model, 0,
-                                                         closure or default_closure, **kwargs)
-        return xm.names()
-
-
-    def site_status():
-        import tpu_closure_fix
-
-        return [r for r in tpu_closure_fix.status() if r["module"] in (MODULE, MODULE + "_bf16")]
-
-
-    def emit(**out):
-        print("PROBE " + json.dumps(out, default=str))
-        sys.stdout.flush()
-    '''
-)
 
 FIXED = ["forward", "backward", "reduce_gradients", "mark_step"]   # one step, reduction after backward
 BUGGY = ["reduce_gradients", "forward", "backward"]                # one step, reduction first (the bug)
 PLAIN = ["forward", "backward"]                                    # plain PrecisionPlugin step: no xm at all
-
-STANDARD = textwrap.dedent(
-    """
-    import tcf_probe as p
-    trainer, model, events = p.train(2)
-    p.emit(global_step=trainer.global_step, events=events, depth=p.site_depth(), status=p.site_status())
-    """
-)
+# Lightning's unpatched code passing its closure to xm.optimizer_step (barrier=False), through the torch_xla guard:
+GUARDED = ["forward", "backward", "reduce_gradients"]
 
 
-def base_purelib():
-    return sysconfig.get_paths()["purelib"]
-
-
-def target_dir():
-    (path,) = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-               if p and os.path.abspath(p) != REPO and "targets" in p]
-    return path
-
-
-def warnings_of(stderr):
-    """Lines of tpu-closure-fix warnings as the user sees them (warnings module's default format)."""
-    return [line for line in stderr.splitlines() if re.search(r"\w+Warning: .*tpu-closure-fix", line)]
-
-
-def scenario(tmp_path, code=STANDARD, pythonpath=None, env=None, python=None, args=(), prefix=()):
-    """Run ``code`` with the probe in a fresh interpreter; return (probe output, stderr, warnings)."""
-    (tmp_path / "tcf_probe.py").write_text(PROBE)
-    (tmp_path / "scenario.py").write_text(code)
-    environ = {k: v for k, v in os.environ.items() if k not in ("TPU_CLOSURE_FIX", "PYTHONWARNINGS")}
-    environ["TCF_TESTS"] = TESTS
-    environ["PYTHONPATH"] = os.pathsep.join([str(tmp_path)] + list(pythonpath or [REPO, target_dir()]))
-    environ.update(env or {})
-    cmd = list(prefix) + [python or sys.executable] + list(args) + [str(tmp_path / "scenario.py")]
-    run = run_child(cmd, TIMEOUT, env=environ, cwd=str(tmp_path), marker="PROBE ")
-    assert run.ok, "scenario %s:\n%s%s" % (run.error, run.stdout[-2000:], run.stderr_tail())
-    return run.payload, run.stderr, warnings_of(run.stderr)
+def scenario(tmp_path, name="standard", args=(), pythonpath=None, env=None, python=None, python_args=(),
+             prefix=()):
+    """Run support.fault_scenarios ``name`` in a fresh interpreter; return (probe output, stderr, warnings)."""
+    out, proc = run_module("fault_scenarios", [name] + list(args), cwd=tmp_path, pythonpath=pythonpath, env=env,
+                           python=python, python_args=python_args, prefix=prefix, timeout=TIMEOUT)
+    return out, proc.stderr, warnings_of(proc.stderr)
 
 
 def by_method(status):
@@ -214,61 +90,37 @@ def test_signature_changed(tmp_path):
                                                  "        scale: float = 1.0,\n", 1))
     (tmp_path / "run").mkdir()
     out, stderr, warned = scenario(tmp_path / "run", pythonpath=path)
-    assert out["global_step"] == 2 and out["depth"] == 0
-    assert out["events"] == BUGGY * 2  # Lightning's own (buggy) code runs, untouched
+    assert out["global_step"] == 2 and out["depth"] == 0  # Lightning's own code, untouched ...
+    assert out["events"] == GUARDED * 2  # ... whose xm.optimizer_step(closure) call the torch_xla guard fixes
     site = by_method(out["status"])["TPUPrecisionPlugin.optimizer_step"]
-    assert site["verdict"] == "skipped" and "unexpected code shape" in site["reason"], site
-    assert "parameters" in site["reason"], site
+    assert site["verdict"] == "guarded" and "unexpected code shape" in site["reason"], site
+    assert "parameters" in site["reason"] and "torch_xla guard" in site["reason"], site
     assert len(warned) == 1 and "unexpected code shape" in warned[0], stderr[-3000:]
+    # The twin: the same edited release with the shim off runs its own order (the bug).
+    (tmp_path / "off").mkdir()
+    out, stderr, warned = scenario(tmp_path / "off", pythonpath=path, env={"TPU_CLOSURE_FIX": "0"})
+    assert out["depth"] == 0 and out["events"] == BUGGY * 2
+    assert by_method(out["status"])["TPUPrecisionPlugin.optimizer_step"]["verdict"] == "skipped"
+    assert warned == [], stderr[-3000:]
 
 
 # --------------------------------------------------------------------------- faults in the shim
-HOOK_RAISES = textwrap.dedent(
-    """
-    import tpu_closure_fix.fixes as fixes   # activates the shim (hooks registered, Lightning not imported)
-
-    def broken_prepare(self, site, original, switch):
-        raise RuntimeError("injected fault in prepare()")
-
-    fixes.TrainerClosureFix.prepare = broken_prepare
-    """
-) + STANDARD
-
-
 def test_shim_hook_raises(tmp_path):
-    out, stderr, warned = scenario(tmp_path, HOOK_RAISES)
-    assert out["global_step"] == 2 and out["depth"] == 0 and out["events"] == BUGGY * 2
+    out, stderr, warned = scenario(tmp_path, "hook-raises")
+    # The site keeps Lightning's function; its xm.optimizer_step(closure) call goes through the torch_xla guard.
+    assert out["global_step"] == 2 and out["depth"] == 0 and out["events"] == GUARDED * 2
     site = by_method(out["status"])["TPUPrecisionPlugin.optimizer_step"]
     assert site["verdict"] == "failed" and "RuntimeError: injected fault" in site["reason"], site
     assert len(warned) == 1 and "injected fault" in warned[0], stderr[-3000:]
 
 
-WRAPT_MISSING = "import sys\nsys.modules['wrapt'] = None  # what Python does for a module that is not installed\n" \
-    + STANDARD
-
-
 def test_wrapt_missing(tmp_path):
     # Auto-enable through the .pth of the base venv: the shim activates on the Lightning import.
-    out, stderr, warned = scenario(tmp_path, WRAPT_MISSING)
+    out, stderr, warned = scenario(tmp_path, "wrapt-missing")
     assert out["global_step"] == 2 and out["depth"] == 0 and out["events"] == BUGGY * 2
     site = by_method(out["status"])["TPUPrecisionPlugin.optimizer_step"]
     assert site["verdict"] == "disabled" and "wrapt is not importable" in site["reason"], site
     assert len(warned) == 1 and "wrapt" in warned[0], stderr[-3000:]
-
-
-RELOAD = STANDARD.replace("p.emit(", "first = dict(") + textwrap.dedent(
-    """
-    import importlib, sys
-    old_class, old_trainer, old_model = sys.modules[p.MODULE].TPUPrecisionPlugin, trainer, model
-    importlib.reload(sys.modules[p.MODULE])
-    assert sys.modules[p.MODULE].TPUPrecisionPlugin is not old_class
-    after_reload = {"depth": p.site_depth(), "status": p.site_status()}
-    trainer, model, events = p.train(2)          # a new Trainer, built from the reloaded class
-    import wrapt
-    p.emit(wrapt=wrapt.__version__, result=dict(first=first, after_reload=after_reload, events=events, global_step=trainer.global_step,
-                       old_class_step=p.step_once(old_trainer, old_model)))
-    """
-)
 
 
 @pytest.mark.parametrize("wrapt_version", ["installed", "1.14.1"])
@@ -283,7 +135,7 @@ def test_reload_of_the_call_site_module(tmp_path, wrapt_version):
         targets = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(targets)
         wrapt_dir = [str(targets.install("pytorch-lightning==1.8.6+wrapt==1.14.1"))]
-    out, stderr, warned = scenario(tmp_path, RELOAD, pythonpath=[REPO] + wrapt_dir + [target_dir()])
+    out, stderr, warned = scenario(tmp_path, "reload", pythonpath=[REPO] + wrapt_dir + [target_dir()])
     if wrapt_version == "1.14.1":
         assert out["wrapt"] == "1.14.1"
     out = out["result"]
@@ -306,9 +158,8 @@ def test_lightning_from_a_zip(tmp_path):
                 for name in files:
                     full = os.path.join(folder, name)
                     zf.write(full, os.path.relpath(full, target_dir()))
-    code = STANDARD.replace("p.emit(", "import pytorch_lightning as _pl; p.emit(origin=_pl.__file__, ")
     (tmp_path / "run").mkdir()
-    out, stderr, warned = scenario(tmp_path / "run", code, pythonpath=[str(archive), REPO, target_dir()])
+    out, stderr, warned = scenario(tmp_path / "run", "from-zip", pythonpath=[str(archive), REPO, target_dir()])
     assert out["origin"].startswith(str(archive)), out["origin"]
     assert out["events"] == FIXED * 2 and out["depth"] == 1
     assert by_method(out["status"])["TPUPrecisionPlugin.optimizer_step"]["verdict"] == "patched"
@@ -316,46 +167,19 @@ def test_lightning_from_a_zip(tmp_path):
 
 
 # --------------------------------------------------------------------------- start-up conditions
-NO_SITE = textwrap.dedent(
-    """
-    import sys
-    assert sys.flags.no_site
-    import tcf_probe as p
-    trainer, model, events = p.train(2)
-    loaded = "tpu_closure_fix" in sys.modules
-    import tpu_closure_fix          # e.g. to ask status(): activates now, after training started
-    p.emit(global_step=trainer.global_step, events=events, loaded_before=loaded, depth=p.site_depth(),
-           status=p.site_status(), next_step=p.step_once(trainer, model))
-    """
-)
-
-
 def test_python_dash_S(tmp_path):
     # -S: no site-packages start-up files, so the .pth auto-enable does not run. Everything else is found
     # through PYTHONPATH (the base venv's site-packages included, where the .pth sits unread).
-    out, stderr, warned = scenario(tmp_path, NO_SITE, pythonpath=[REPO, target_dir(), base_purelib()],
-                                   args=["-S"])
+    out, stderr, warned = scenario(tmp_path, "no-site", pythonpath=[REPO, target_dir(), base_purelib()],
+                                   python_args=["-S"])
     assert out["loaded_before"] is False and out["events"] == BUGGY * 2 and out["global_step"] == 2
     assert out["depth"] == 1 and out["next_step"] == ["closure", "reduce_gradients", "mark_step"]
     assert by_method(out["status"])["TPUPrecisionPlugin.optimizer_step"]["verdict"] == "patched"
     assert len(warned) == 1 and "already taken 2 optimizer step" in warned[0], stderr[-3000:]
 
 
-LATE = textwrap.dedent(
-    """
-    import tcf_probe as p
-    trainer, model, events = p.train(2)
-    import tpu_closure_fix
-    off = p.site_status()
-    tpu_closure_fix.enable()
-    p.emit(global_step=trainer.global_step, events=events, off=off, depth=p.site_depth(),
-           status=p.site_status(), next_step=p.step_once(trainer, model))
-    """
-)
-
-
 def test_enable_after_a_trainer_stepped(tmp_path):
-    out, stderr, warned = scenario(tmp_path, LATE, env={"TPU_CLOSURE_FIX": "0"})
+    out, stderr, warned = scenario(tmp_path, "late", env={"TPU_CLOSURE_FIX": "0"})
     assert out["events"] == BUGGY * 2
     off = by_method(out["off"])["TPUPrecisionPlugin.optimizer_step"]
     assert off["verdict"] == "disabled" and "TPU_CLOSURE_FIX=0" in off["reason"]
@@ -364,23 +188,12 @@ def test_enable_after_a_trainer_stepped(tmp_path):
     assert len(warned) == 1 and "already taken 2 optimizer step" in warned[0], stderr[-3000:]
 
 
-LATE_ANY_TRAINER = textwrap.dedent(
-    """
-    import tcf_probe as p
-    trainer, model, events = p.train(STEPS, subclass=SUBCLASS)
-    import tpu_closure_fix
-    tpu_closure_fix.enable()
-    p.emit(global_step=trainer.global_step, events=events, depth=p.site_depth(), status=p.site_status())
-    """
-)
-
-
 @pytest.mark.parametrize("steps, subclass", [(2, True), (0, False)], ids=["trainer-subclass-stepped", "not-stepped"])
 def test_enable_late_warns_only_after_steps(tmp_path, steps, subclass):
     # The late-enable check finds Trainer instances through their class (gc.get_referrers), subclasses
     # included; a Trainer that has not stepped yet is no reason to warn.
-    code = LATE_ANY_TRAINER.replace("STEPS", str(steps)).replace("SUBCLASS", str(subclass))
-    out, stderr, warned = scenario(tmp_path, code, env={"TPU_CLOSURE_FIX": "0"})
+    args = ["--steps", str(steps)] + (["--subclass"] if subclass else [])
+    out, stderr, warned = scenario(tmp_path, "late-any-trainer", args=args, env={"TPU_CLOSURE_FIX": "0"})
     assert out["global_step"] == steps and out["events"] == BUGGY * steps
     assert out["depth"] == 1
     assert by_method(out["status"])["TPUPrecisionPlugin.optimizer_step"]["verdict"] == "patched"
@@ -431,8 +244,8 @@ def _read_only_scenario(tmp_path):
         os.chmod(site, 0o555)
     run = tmp_path / "run"
     run.mkdir()
-    check = STANDARD + "import os, sysconfig; assert not os.access(sysconfig.get_paths()['purelib'], os.W_OK)\n"
-    out, stderr, warned = scenario(run, check, pythonpath=[target_dir()], python=python, prefix=prefix)
+    out, stderr, warned = scenario(run, "read-only", pythonpath=[target_dir()], python=python, prefix=prefix)
+    assert out["site_packages_writable"] is False
     assert out["events"] == FIXED * 2 and out["depth"] == 1
     assert by_method(out["status"])["TPUPrecisionPlugin.optimizer_step"]["verdict"] == "patched"
     assert warned == [], stderr[-3000:]

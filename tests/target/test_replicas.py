@@ -2,7 +2,9 @@
 
 Two replica processes joined over gloo run the target's real Lightning
 (``Trainer.fit`` with the TPU precision plugin; the LightningLite / Lite /
-Fabric loop with ``optimizer.step(closure)``); only torch_xla is the stand-in
+Fabric loop with ``optimizer.step(closure)``) and, on a few targets, a plain
+PyTorch loop calling ``xm.optimizer_step(opt, optimizer_args={"closure": ...})``
+(the torch_xla guard's site); only torch_xla is the stand-in
 (tests/support/xla_standin.py). One session-scoped run per shim mode covers
 every scenario that applies to the target, to keep the process count low.
 
@@ -254,6 +256,32 @@ def test_clipping_acts_on_reduced_gradients(runs):
 def test_lbfgs_reduces_after_every_closure_evaluation(runs):
     evs = event_names(runs, True, "lite-lbfgs")
     assert evs.count("backward") > BY_NAME["lite-lbfgs"]["steps"]
+    assert evs.count("reduce_gradients") == evs.count("backward")
+    for i, ev in enumerate(evs):
+        if ev == "backward":
+            assert evs[i + 1] == "reduce_gradients"
+
+
+GUARD_SITE = "torch_xla.core.xla_model:optimizer_step"
+
+
+@for_scenario("xla-sgd")
+def test_plain_loop_goes_through_the_torch_xla_guard(runs):
+    """xm.optimizer_step itself is the patched site; the twin runs torch_xla's own order."""
+    with_shim, without = runs[True][0]["sites"][GUARD_SITE], runs[False][0]["sites"][GUARD_SITE]
+    assert (with_shim["wrapped"], with_shim["verdict"]) == (True, "patched"), with_shim
+    assert (without["wrapped"], without["verdict"]) == (False, "disabled"), without
+    steps = BY_NAME["xla-sgd"]["steps"]
+    assert event_names(runs, True, "xla-sgd") == ["zero_grad", "forward", "backward", "reduce_gradients",
+                                                  "step"] * steps
+    assert event_names(runs, False, "xla-sgd") == ["reduce_gradients", "zero_grad", "forward", "backward",
+                                                   "step"] * steps
+
+
+@for_scenario("xla-lbfgs")
+def test_plain_loop_lbfgs_reduces_after_every_closure_evaluation(runs):
+    evs = event_names(runs, True, "xla-lbfgs")
+    assert evs.count("backward") > BY_NAME["xla-lbfgs"]["steps"]
     assert evs.count("reduce_gradients") == evs.count("backward")
     for i, ev in enumerate(evs):
         if ev == "backward":

@@ -38,11 +38,19 @@ CALL_SITES = (
 
 
 def covers(function):
-    """True when ``function``'s code hands a closure to ``xm.optimizer_step`` in ``optimizer_args``.
+    """True when ``function``'s code can hand a closure to ``xm.optimizer_step`` in ``optimizer_args``.
 
+    It calls ``optimizer_step`` with ``optimizer_args`` and either names the
+    closure itself (the Trainer plugins) or takes ``**kwargs``, in which the
+    caller's closure travels (Lite and Fabric pass ``optimizer_args=kwargs``).
     Such code, at a framework site whose own row does not apply (an unknown
     release, an edited body), still goes through the guard when it is patched:
     the engine then reports the site ``guarded`` rather than unprotected.
     """
     code = getattr(inspect.unwrap(function), "__code__", None)
-    return code is not None and {"optimizer_step", "optimizer_args", "closure"} <= code_names(code)
+    if code is None:
+        return False
+    names = code_names(code)
+    if not {"optimizer_step", "optimizer_args"} <= names:
+        return False
+    return "closure" in names or bool(code.co_flags & inspect.CO_VARKEYWORDS)

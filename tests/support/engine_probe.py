@@ -1,0 +1,119 @@
+"""Engine checks that need a fresh interpreter with the real target release (tests/target/test_engine.py).
+
+Run as ``python -m support.engine_probe CHECK SITES_JSON``. ``SITES_JSON`` is the
+list of ``[module, "Class.method"]`` of the rows to look at: passed in because
+importing ``tpu_closure_fix`` (to read its table) would enable the shim, and
+when that happens is what these checks are about. Prints one ``PROBE {json}``
+line.
+
+* ``lifecycle``: the wrapper depth, and whether the class attribute is the
+  release's own function, after each of: the framework import (with the .pth
+  auto-enable of the base venv), ``import tpu_closure_fix``, ``enable()`` twice,
+  ``importlib.reload(tpu_closure_fix)``, ``disable()`` twice, ``enable()``;
+  then ``status()``.
+* ``unknown-release``: the framework's ``__version__`` rewritten to 99.0.0
+  before the shim is enabled (started with TPU_CLOSURE_FIX=0, switched on in
+  the environment before the import): nothing is touched, the status and the
+  warnings say why.
+"""
+import importlib
+import json
+import os
+import sys
+import warnings
+
+warnings.simplefilter("ignore")
+
+
+def depth(obj):
+    import wrapt
+
+    n = 0
+    while isinstance(obj, wrapt.FunctionWrapper):
+        n += 1
+        obj = obj.__wrapped__
+    return n
+
+
+def innermost(obj):
+    import wrapt
+
+    while isinstance(obj, wrapt.FunctionWrapper):  # already patched by the .pth auto-enable
+        obj = obj.__wrapped__
+    return obj
+
+
+def loaded_sites(sites):
+    """{(module, qualname): (class, attr, the release's own function)} for the sites the target has."""
+    found = {}
+    for module_name, qualname in sites:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        class_name, attr = qualname.rsplit(".", 1)
+        cls = getattr(module, class_name, None)
+        if cls is not None and attr in vars(cls):
+            found[(module_name, qualname)] = (cls, attr, innermost(vars(cls)[attr]))
+    return found
+
+
+def lifecycle(sites):
+    originals = loaded_sites(sites)
+
+    def snapshot():
+        out = {}
+        for (module, qualname), (cls, attr, original) in originals.items():
+            current = vars(cls)[attr]
+            out[module + ":" + qualname] = {"depth": depth(current), "is_original": current is original,
+                                           "wraps_original": innermost(current) is original}
+        return out
+
+    log = {"before": snapshot(), "auto_enabled": "_tpu_closure_fix_startup" in sys.modules}
+    import tpu_closure_fix
+
+    log["import"] = snapshot()
+    tpu_closure_fix.enable()
+    tpu_closure_fix.enable()
+    log["enable_twice"] = snapshot()
+    importlib.reload(tpu_closure_fix)
+    log["reload_package"] = snapshot()
+    tpu_closure_fix.disable()
+    log["disable"] = snapshot()
+    tpu_closure_fix.disable()
+    log["disable_twice"] = snapshot()
+    tpu_closure_fix.enable()
+    log["enable_again"] = snapshot()
+    log["status"] = tpu_closure_fix.status()
+    return log
+
+
+def unknown_release(sites):
+    loaded = {key: (cls, attr, vars(cls)[attr]) for key, (cls, attr, _) in loaded_sites(sites).items()}
+    # A release newer than any row (what a user gets after upgrading Lightning past the table):
+    for top in ("pytorch_lightning", "lightning", "lightning_lite", "lightning_fabric"):
+        if top in sys.modules:
+            sys.modules[top].__version__ = "99.0.0"
+    os.environ["TPU_CLOSURE_FIX"] = "1"  # the parent set 0 to keep the .pth auto-enable out of the way so far
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        import tpu_closure_fix
+
+        tpu_closure_fix.enable()
+    untouched = all(vars(cls)[attr] is original for cls, attr, original in loaded.values())
+    return {"untouched": untouched, "loaded": len(loaded), "status": tpu_closure_fix.status(),
+            "warnings": [str(w.message) for w in seen if w.category.__name__ == "TPUClosureFixWarning"]}
+
+
+CHECKS = {"lifecycle": lifecycle, "unknown-release": unknown_release}
+
+
+def main(argv=None):
+    check, sites = (argv or sys.argv[1:])[:2]
+    result = CHECKS[check]([tuple(site) for site in json.loads(sites)])
+    print("PROBE " + json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""A real pytorch-lightning 1.8.6 Trainer on the torch_xla stand-in, for the scenario modules.
+
+Imported by child processes only (``support.fault_scenarios``,
+``support.concurrency_scenarios``, ``support.families``), never by the pytest
+process: importing Lightning there would auto-enable the shim in the process
+that runs the tests. Importing this module imports neither Lightning nor the
+shim; each function does what it needs, when it is called, so a scenario
+decides the order of imports itself.
+"""
+import json
+import sys
+
+MODULE = "pytorch_lightning.plugins.precision.tpu"
+BF16_MODULE = MODULE + "_bf16"
+
+
+def standin():
+    """The torch_xla stand-in (support.xla_standin), imported on first use."""
+    from support import xla_standin
+
+    return xla_standin
+
+
+def lightning():
+    """Import pytorch_lightning, put the stand-in in torch_xla's place and bind it in the call-site module."""
+    import importlib
+
+    import pytorch_lightning as pl
+
+    xm = standin()
+    xm.install()
+    module = importlib.import_module(MODULE)
+    module.xm = xm
+    module._XLA_AVAILABLE = True
+    return pl, module
+
+
+def depth(obj):
+    """How many wrapt FunctionWrapper layers ``obj`` has (ours and anyone else's)."""
+    n = 0
+    while type(obj).__name__ == "FunctionWrapper":
+        n += 1
+        obj = obj.__wrapped__
+    return n
+
+
+def site_depth():
+    return depth(vars(sys.modules[MODULE].TPUPrecisionPlugin).get("optimizer_step"))
+
+
+def train(steps=2, subclass=False):
+    """Trainer.fit for ``steps`` optimizer steps (no fit for 0; a Trainer subclass if asked);
+    returns (trainer, model, stand-in events)."""
+    import torch
+
+    pl, module = lightning()
+    xm = standin()
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            xm.record("forward")
+            return self.layer(batch).pow(2).mean()
+
+        def on_after_backward(self):
+            xm.record("backward")
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class UserTrainer(pl.Trainer):
+        pass
+
+    model = Model()
+    trainer_class = UserTrainer if subclass else pl.Trainer
+    trainer = trainer_class(max_steps=max(steps, 1), accelerator="cpu", devices=1, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                            num_sanity_val_steps=0, plugins=[module.TPUPrecisionPlugin()])
+    xm.clear()
+    if steps:
+        trainer.fit(model, train_dataloaders=torch.utils.data.DataLoader(torch.randn(2 * steps, 2), batch_size=2))
+    return trainer, model, xm.names()
+
+
+def step_once(trainer, model, closure=None, **kwargs):
+    """One optimizer_step through the fitted trainer's plugin; returns the stand-in events."""
+    import torch
+
+    xm = standin()
+
+    def default_closure():
+        xm.record("closure")
+        return torch.tensor(1.0)
+
+    xm.clear()
+    trainer.strategy.precision_plugin.optimizer_step(trainer.optimizers[0], model, 0,
+                                                     closure or default_closure, **kwargs)
+    return xm.names()
+
+
+def site_status():
+    import tpu_closure_fix
+
+    return [r for r in tpu_closure_fix.status() if r["module"] in (MODULE, BF16_MODULE)]
+
+
+def emit(**out):
+    """The scenario's result, on one stdout line the test reads (``PROBE {json}``)."""
+    print("PROBE " + json.dumps(out, default=str))
+    sys.stdout.flush()
