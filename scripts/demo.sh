@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tpu-closure-fix demo in this repository: installs (once) the pytorch-lightning==1.8.6 target and the
 # demo's dependencies (.cache/demo-deps, from scripts/demo-requirements.txt), then runs
-#   python -m tpu_closure_fix.demo "$@"
+#   python -m tpu_closure_fix.integrations.lightning.demo "$@"
 # with this checkout first on PYTHONPATH. Example (what made docs/demo.png):
 #   bash scripts/demo.sh --out .cache/demo --png docs/demo.png
 set -euo pipefail
@@ -28,4 +28,4 @@ if ! cmp -s "$REPO/scripts/demo-requirements.txt" "$STAMP" 2>/dev/null; then
 fi
 export PYTHONPATH="$REPO:$TARGET:$DEPS"
 export PYTHONNOUSERSITE=1
-exec "$PY" -m tpu_closure_fix.demo "$@"
+exec "$PY" -m tpu_closure_fix.integrations.lightning.demo "$@"

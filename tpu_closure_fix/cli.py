@@ -34,7 +34,8 @@ def build_parser():
     status.add_argument("--no-import", action="store_true",
                         help="do not import the installed call-site modules first (report what is loaded)")
     status.set_defaults(func=_cmd_status)
-    from . import check, demo, launcher
+    from . import check, launcher
+    from .integrations.lightning import demo
 
     check.add_parser(sub)
     launcher.add_parser(sub)

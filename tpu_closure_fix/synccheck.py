@@ -267,31 +267,14 @@ def check_sync(model, step, every=DEFAULT_EVERY, tolerance=DEFAULT_TOLERANCE, on
 
 
 # --------------------------------------------------------------------------- Lightning callback
-_CALLBACK_PACKAGES = ("pytorch_lightning", "lightning.pytorch")
 _classes = {}
 
 
 def _callback_bases():
-    """Callback classes of the Lightning trainers already imported (both, when both are), else of the
-    first importable one: the callback then passes the isinstance check of whichever Trainer is used."""
-    bases = []
-    for name in _CALLBACK_PACKAGES:
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "Callback", None) is not None:
-            bases.append(module.Callback)
-    if not bases:
-        import importlib
+    """The base classes of the callback: the Lightning integration knows which trainers exist."""
+    from .integrations.lightning import callback_bases
 
-        for name in _CALLBACK_PACKAGES:
-            try:
-                bases.append(importlib.import_module(name).Callback)
-                break
-            except ImportError:
-                continue
-    if not bases:
-        raise ImportError("SyncCheck needs pytorch_lightning or lightning (for Lite/Fabric loops use "
-                          "tpu_closure_fix.check_sync)")
-    return tuple(bases)
+    return callback_bases()
 
 
 class SyncCheck(object):

@@ -1,6 +1,6 @@
 """Issue #5: ``tpu-closure-fix demo`` in its smoke configuration (1 epoch of 6 steps, 2 replicas).
 
-Runs ``python -m tpu_closure_fix.demo --smoke`` against the target's pytorch-lightning (1.5-1.8; the demo
+Runs ``python -m tpu_closure_fix.integrations.lightning.demo --smoke`` against the target's pytorch-lightning (1.5-1.8; the demo
 is made with 1.8.6) with the demo's dependencies on PYTHONPATH: ``$TPU_CLOSURE_FIX_DEMO_DEPS`` or
 ``.cache/demo-deps`` (installed by ``scripts/demo.sh``; see scripts/demo-requirements.txt). Checks the
 PNG, the TensorBoard event files, and that the replicas diverge without the shim and are bitwise
@@ -39,7 +39,7 @@ def demo(tmp_path_factory):
         pytest.skip("the demo's dependencies are not installed (bash scripts/demo.sh --help installs them "
                     "into .cache/demo-deps): %s" % probe.stdout.strip().splitlines()[-1])
     out = tmp_path_factory.mktemp("demo")
-    proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix.demo", "--smoke", "--no-progress",
+    proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix.integrations.lightning.demo", "--smoke", "--no-progress",
                            "--synccheck-every", "3", "--out", str(out)],
                           env=_env(), cwd=str(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           universal_newlines=True, timeout=900)

@@ -211,3 +211,27 @@ def late_enable_warning():
                     "unfixed code; those steps were not reduced correctly. Import tpu_closure_fix before training "
                     "starts." % obj.global_step)
     return None
+
+
+_CALLBACK_PACKAGES = ("pytorch_lightning", "lightning.pytorch")
+def callback_bases():
+    """For SyncCheck: Callback classes of the Lightning trainers already imported (both, when both are), else of the
+    first importable one: the callback then passes the isinstance check of whichever Trainer is used."""
+    bases = []
+    for name in _CALLBACK_PACKAGES:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "Callback", None) is not None:
+            bases.append(module.Callback)
+    if not bases:
+        import importlib
+
+        for name in _CALLBACK_PACKAGES:
+            try:
+                bases.append(importlib.import_module(name).Callback)
+                break
+            except ImportError:
+                continue
+    if not bases:
+        raise ImportError("SyncCheck needs pytorch_lightning or lightning (for Lite/Fabric loops use "
+                          "tpu_closure_fix.check_sync)")
+    return tuple(bases)

@@ -91,7 +91,7 @@ def _run_replicas(args, shim, out, bar):
     """Run the replicas of one run (hard timeout), follow rank 0's progress lines, return rank -> result.
 
     Each replica's stderr is kept in ``<out>/logs/shim<0|1>-rank<N>.log``."""
-    from .verify.child import python_command, run_children
+    from ...verify.child import python_command, run_children
 
     port = _free_port()
     logs = os.path.join(out, "logs")
@@ -110,7 +110,7 @@ def _run_replicas(args, shim, out, bar):
             bar.total = int(total)
             bar.update(int(done) - bar.n)
 
-    runs = run_children([python_command("tpu_closure_fix.demo", "--worker", json.dumps(cfg)) for cfg in configs],
+    runs = run_children([python_command("tpu_closure_fix.integrations.lightning.demo", "--worker", json.dumps(cfg)) for cfg in configs],
                         REPLICA_TIMEOUT, env=env, result_files=[cfg["result"] for cfg in configs], on_line=progress)
     results = {}
     for cfg, run in zip(configs, runs):
@@ -268,14 +268,14 @@ def _worker(cfg):
 
     for name in ("pytorch_lightning", "lightning_lite"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    from . import _simulated_xla
+    from ... import _simulated_xla
 
     _simulated_xla.install(world, rank)  # ... then the simulated torch_xla takes torch_xla's place
     from pytorch_lightning.plugins.precision import tpu as tpu_precision
 
     tpu_precision._XLA_AVAILABLE = True  # the plugin's constructor refuses to run without torch_xla
     import tpu_closure_fix  # TPU_CLOSURE_FIX (set by the parent) decides, as for a user
-    from .synccheck import SyncCheck
+    from ...synccheck import SyncCheck
 
     from sklearn.datasets import load_digits
 
