@@ -21,6 +21,8 @@ shim is switched off (``switch.on`` false).
 import sys
 from functools import partial
 
+from .lockstep import lockstep_loss
+
 XLA_MODEL = "torch_xla.core.xla_model"
 
 
@@ -43,12 +45,13 @@ def xla_model():
 def reduce_after(xm, optimizer, closure):
     """Run the closure, then all-reduce the gradients it produced.
 
-    The body of upstream's ``_tpu_wrap_closure``; returns the closure's result.
+    The body of upstream's ``_tpu_wrap_closure``; returns the closure's result,
+    as the replica mean for an optimizer that branches on it (:mod:`.lockstep`).
     An exception from the closure propagates before any reduction.
     """
     result = closure()
     xm.reduce_gradients(optimizer)
-    return result
+    return lockstep_loss(xm, optimizer, result)
 
 
 def bind(names, args, kwargs):
