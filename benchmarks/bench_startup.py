@@ -57,7 +57,7 @@ def main(argv=None):
         python, site = make_venv(root)
         pth = os.path.join(site, "tpu_closure_fix.pth")
         off = pth + ".off"
-        check = subprocess.run([python, "-c", "import sys; print(any(type(f).__name__ == 'LightningImportWatcher' "
+        check = subprocess.run([python, "-c", "import sys; print(any(type(f).__name__ == 'ImportWatcher' "
                                               "for f in sys.meta_path))"], env=env, capture_output=True, text=True)
         assert check.stdout.strip() == "True", "the .pth did not arm the watcher"
         without, with_pth = [], []

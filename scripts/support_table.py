@@ -139,13 +139,13 @@ def build_table(results):
     targets = results.get("targets") or {}
     order = [n for n in (results.get("order") or sorted(targets)) if n in targets]
     lines = [
-        "| # | releases | call site | verdict | fix | verified by the release matrix |",
+        "| integration | releases | call site | verdict | fix | verified by the release matrix |",
         "|---|---|---|---|---|---|",
     ]
     for site in CALL_SITES:
         checks = [e for e in (evidence(site, name, targets[name]) for name in order) if e]
         lines.append("| %s | %s `%s` | `%s:%s` | %s | %s | %s |" % (
-            site.callsites_row,
+            site.integration,
             site.package,
             site.releases,
             site.module,

@@ -1,8 +1,9 @@
-"""tpu-closure-fix: reduce gradients *after* the closure on Lightning's TPU path.
+"""tpu-closure-fix: reduce gradients *after* the closure on torch_xla's data-parallel path.
 
 Importing this package enables the shim (unless ``TPU_CLOSURE_FIX=0``): every
-affected Lightning call site in :data:`tpu_closure_fix.sites.CALL_SITES` is
-patched now if already imported, or the moment it is imported.
+affected call site in :data:`tpu_closure_fix.sites.CALL_SITES` (each
+integration's rows, :mod:`tpu_closure_fix.integrations`) is patched now if
+already imported, or the moment it is imported.
 
 Public API: :func:`enable`, :func:`disable`, :func:`status`, :func:`is_enabled`,
 :class:`TPUClosureFixWarning`.

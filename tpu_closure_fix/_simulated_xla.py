@@ -113,11 +113,31 @@ def all_reduce(reduce_type, inputs, scale=1.0, groups=None, pin_layout=True):
     return inputs
 
 
+#: The torch_xla release whose documented ``xla_model`` behaviour this simulates
+#: (its ``optimizer_step`` body is that release's), marked as a simulation.
+SIMULATED_RELEASE = "2.1.0+simulated"
+
+
+def _notify_import_hooks(module):
+    """Run the post-import hooks registered for ``module.__name__`` (wrapt's documented call for modules
+    that appear without going through the import system); nothing if wrapt is not loaded."""
+    wrapt = sys.modules.get("wrapt")
+    notify = getattr(wrapt, "notify_module_loaded", None)
+    if notify is not None:
+        notify(module)
+
+
 def install(world_size=None, ordinal=None):
-    """Make ``import torch_xla.core.xla_model`` return this module in this process; returns it."""
+    """Make ``import torch_xla.core.xla_model`` return this module in this process; returns it.
+
+    The module takes the name it stands in for, its package carries
+    :data:`SIMULATED_RELEASE` as ``__version__``, and post-import hooks
+    registered for ``torch_xla.core.xla_model`` run, as for a real import.
+    """
     if world_size is not None:
         configure(world_size, ordinal or 0)
     me = sys.modules[__name__]
+    first = sys.modules.get("torch_xla.core.xla_model") is not me
     torch_xla = sys.modules.get("torch_xla") or types.ModuleType("torch_xla")
     core = sys.modules.get("torch_xla.core") or types.ModuleType("torch_xla.core")
     torch_xla.__path__ = []
@@ -125,7 +145,12 @@ def install(world_size=None, ordinal=None):
     torch_xla.core = core
     core.xla_model = me
     torch_xla.__simulated__ = "tpu_closure_fix._simulated_xla (CPU simulation of torch_xla)"
+    if not getattr(torch_xla, "__version__", None):
+        torch_xla.__version__ = SIMULATED_RELEASE
     sys.modules["torch_xla"] = torch_xla
     sys.modules["torch_xla.core"] = core
     sys.modules["torch_xla.core.xla_model"] = me
+    if first:
+        me.__name__ = "torch_xla.core.xla_model"
+        _notify_import_hooks(me)
     return me

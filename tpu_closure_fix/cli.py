@@ -14,16 +14,17 @@ def _cmd_status(args):
         print(report.render_table(records, show_all=args.all))
         bad = report.unprotected(records)
         if bad:
-            print("\nUNPROTECTED: %d installed affected site(s) run Lightning's buggy code." % len(bad))
+            print("\nUNPROTECTED: %d installed affected site(s) run the buggy code." % len(bad))
         else:
-            print("\nOK: every installed affected site is patched or fixed upstream.")
+            print("\nOK: every installed affected site is patched, guarded or fixed upstream.")
     return 1 if report.unprotected(records) else 0
 
 
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="tpu-closure-fix",
-        description="Fix Lightning's TPU gradient all-reduce order at run time; report and check it.",
+        description="Fix the gradient all-reduce order of closure-based optimizer steps on torch_xla (Lightning, "
+                    "Lite/Fabric, plain loops) at run time; report and check it.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     status = sub.add_parser("status", help="one line per known call site: release and verdict "

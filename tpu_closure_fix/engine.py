@@ -1,4 +1,7 @@
-"""The patch engine: apply and remove the fixes of the call-site table.
+"""The patch engine: apply, report and remove the fixes of the call-site table.
+
+It is framework-neutral: what it patches comes from :mod:`tpu_closure_fix.sites`
+(every integration's rows); it names no framework.
 
 Mechanism, in the style of ``wrapt.importer`` / ``wrapt.patches``:
 
@@ -6,8 +9,9 @@ Mechanism, in the style of ``wrapt.importer`` / ``wrapt.patches``:
   the table, so the order of imports never matters: a module imported later is
   patched the moment its body has run; one imported already is patched now.
 * A site is patched only after both guards pass (:func:`examine`): the release
-  of the loaded package is inside a row's range, and the method's code has the
-  row's expected shape. Then the class attribute is replaced by a
+  of the loaded package is inside a row's range (or, for a release no row
+  knows, the code is identical to a known release's: :mod:`tpu_closure_fix.identity`),
+  and the code has the row's expected shape. Then the class (or module) attribute is replaced by a
   ``wrapt.FunctionWrapper`` around the original function, marked with
   :data:`MARKER` so a second ``enable()`` never stacks another layer.
 * ``disable()`` puts the exact original function objects back. Wrappers that
@@ -15,10 +19,13 @@ Mechanism, in the style of ``wrapt.importer`` / ``wrapt.patches``:
   wrapper consults one shared switch.
 * Nothing here may break the program: every hook and patch is guarded; a failure
   is logged, warned about once (:class:`TPUClosureFixWarning`) and leaves
-  Lightning's original code in place.
+  the original code in place.
 
 :func:`examine` is also what ``status()`` reports, so the report is computed
-from live objects, never from a cache that could go stale.
+from live objects -- the attribute the class actually resolves -- never from
+what was intended or from a cache that could go stale. :func:`reconcile` catches
+modules that were imported without the import hook firing (another import hook
+ahead of wrapt's, a failed registration) and patches them late, with a warning.
 """
 import logging
 import sys
@@ -26,6 +33,7 @@ import threading
 import warnings
 from collections import namedtuple
 
+from . import integrations as _integrations
 from . import sites as _sites
 from .config import TPUClosureFixWarning
 from .fixes import FixUnavailable
@@ -44,11 +52,12 @@ NOT_INSTALLED = "not installed"
 NOT_IMPORTED = "not imported yet"
 ABSENT = "not in this release"
 DISABLED = "disabled"
+GUARDED = "guarded"  # the site itself is skipped, but its buggy call goes through a patched guard
 SKIPPED = "skipped"
 FAILED = "failed"
 PATCHABLE = "patchable"  # internal: guards passed, not patched yet
 
-#: Verdicts meaning "Lightning's buggy code runs here".
+#: Verdicts meaning "the buggy code runs here".
 UNPROTECTED = frozenset((DISABLED, SKIPPED, FAILED, PATCHABLE))
 
 Finding = namedtuple("Finding", "verdict reason site release target")
@@ -70,8 +79,10 @@ class _State(object):
         self.enabled = False
         self.disabled_reason = "not enabled"
         self.pending = set()  # modules with a registered wrapt hook that has not fired
-        self.patches = {}  # key -> (cls, attr, original, wrapper)
+        self.patches = {}  # key -> (owner, attr, original, wrapper)
+        self.notes = {}  # key -> why a release no row names was patched (code identity)
         self.failures = {}  # key -> reason
+        self.processed = {}  # module name -> id() of the module object the engine last patched
         self.warned = set()
 
 
@@ -101,11 +112,49 @@ def _describe_ranges(package):
     return ", ".join(sorted({s.releases for s in _sites.CALL_SITES if s.package == package}))
 
 
+def split_qualname(qualname):
+    """("Class", "method") for a method, (None, "function") for a module-level function."""
+    if "." in qualname:
+        return tuple(qualname.rsplit(".", 1))
+    return None, qualname
+
+
+def _owner(module, qualname):
+    """The object whose attribute the site is (class or module), or a reason string if missing."""
+    class_name, _ = split_qualname(qualname)
+    if class_name is None:
+        return module
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        return "%s has no class %s" % (module.__name__, class_name)
+    return cls
+
+
+def _defined(owner, attr):
+    """The attribute as the owner itself defines it (no descriptor protocol, no inheritance)."""
+    try:
+        return vars(owner).get(attr)
+    except TypeError:
+        return None
+
+
 def examine(key, module=None):
     """Decide what a site is: a Finding(verdict, reason, site, release, target).
 
-    ``target`` is (cls, attr, original_function) when the verdict is PATCHABLE.
+    ``target`` is (owner, attr, original_function) when the verdict is PATCHABLE.
+    Every verdict is read from the live objects: PATCHED means the attribute the
+    owner resolves is this package's wrapper.
     """
+    finding = _examine(key, module)
+    if finding.verdict == SKIPPED:
+        guard = _covering_guard(key, module)
+        if guard:
+            return finding._replace(verdict=GUARDED, reason="%s; its call goes through the patched %s guard"
+                                    % (finding.reason, guard))
+    return finding
+
+
+def _examine(key, module=None):
     module_name, qualname = key
     rows = _sites.rows_for(module_name, qualname)
     if not rows:
@@ -119,29 +168,25 @@ def examine(key, module=None):
     if release is None:
         return Finding(SKIPPED, "cannot read the release of %s (no __version__)" % package.split(".")[0],
                        None, None, None)
+    owner = _owner(module, qualname)
+    attr = split_qualname(qualname)[1]
     site = next((row for row in rows if in_range(release, row.releases)), None)
+    if isinstance(owner, str):  # the class is missing
+        if site is None:
+            return _unknown_release(rows, package, release, None, attr)
+        return Finding(SKIPPED, owner, site, release, None)
+    note = ""
     if site is None:
-        if any(in_range(release, row.releases) for row in _sites.CALL_SITES if row.package == package):
-            if not _has_buggy_shape(module, qualname, rows):
-                return Finding(ABSENT, "", None, release, None)
-            # Another site of this package knows the release, but this method still holds the buggy call:
-            # never guessed at, and never hidden as "not in this release".
-            return Finding(SKIPPED, "unknown release %s for this site (known: %s), whose code still has the "
-                                    "buggy call; left untouched"
-                           % (release, ", ".join(row.releases for row in rows)), None, release, None)
-        return Finding(SKIPPED, "unknown release %s of %s (known: %s); left untouched"
-                       % (release, package, _describe_ranges(package)), None, release, None)
-    class_name, attr = qualname.rsplit(".", 1)
-    cls = getattr(module, class_name, None)
-    if not isinstance(cls, type):
-        return Finding(SKIPPED, "%s has no class %s" % (module_name, class_name), site, release, None)
+        site, note = _same_code_row(rows, owner, attr, release)
+    if site is None:
+        return _unknown_release(rows, package, release, owner, attr)
     if site.inherits:
-        return _examine_inherited(site, release, cls, attr)
-    current = vars(cls).get(attr)
+        return _examine_inherited(site, release, owner, attr)
+    current = _defined(owner, attr)
     if current is None:
-        return Finding(SKIPPED, "%s defines no %s" % (class_name, attr), site, release, None)
+        return Finding(SKIPPED, "%s defines no %s" % (getattr(owner, "__name__", owner), attr), site, release, None)
     if is_ours(current):
-        return Finding(PATCHED, "", site, release, None)
+        return Finding(PATCHED, _state.notes.get(key, note), site, release, None)
     shape = site.shape.check(current)
     if site.fix is None:
         if shape.ok:
@@ -153,18 +198,56 @@ def examine(key, module=None):
         return Finding(FAILED, _state.failures[key], site, release, None)
     if not _state.enabled:
         return Finding(DISABLED, _state.disabled_reason, site, release, None)
-    return Finding(PATCHABLE, "", site, release, (cls, attr, current))
+    return Finding(PATCHABLE, note, site, release, (owner, attr, current))
 
 
-def _has_buggy_shape(module, qualname, rows):
-    class_name, attr = qualname.rsplit(".", 1)
-    function = vars(getattr(module, class_name, None) or object).get(attr)
+def _same_code_row(rows, owner, attr, release):
+    """(row, note) for a release no row names whose code is identical to a row's known release.
+
+    Only rows with a fix and recorded fingerprints take part; an inheriting row
+    follows its base (the base decides, by the same rule). Returns (None, "")
+    when nothing is identical, or when the code has no source to compare.
+    """
+    if all(row.inherits for row in rows):
+        return rows[-1], ""
+    candidates = [row for row in rows if row.fix is not None and row.fingerprints]
+    current = _defined(owner, attr)
+    if not candidates or current is None:
+        return None, ""
+    from . import identity
+
+    fingerprint = identity.fingerprint(current)
+    if fingerprint is None:
+        return None, ""
+    for row in reversed(candidates):
+        for known_release, known in row.fingerprints:
+            if known == fingerprint:
+                return row, "%s not in the table; code identical to %s" % (release, known_release)
+    return None, ""
+
+
+def _unknown_release(rows, package, release, owner, attr):
+    if any(in_range(release, row.releases) for row in _sites.CALL_SITES if row.package == package):
+        if not _has_buggy_shape(owner, attr, rows):
+            return Finding(ABSENT, "", None, release, None)
+        # Another site of this package knows the release, but this code still holds the buggy call:
+        # never guessed at, and never hidden as "not in this release".
+        return Finding(SKIPPED, "unknown release %s for this site (known: %s), whose code still has the "
+                                "buggy call; left untouched"
+                       % (release, ", ".join(row.releases for row in rows)), None, release, None)
+    return Finding(SKIPPED, "unknown release %s of %s (known: %s); left untouched"
+                   % (release, package, _describe_ranges(package)), None, release, None)
+
+
+def _has_buggy_shape(owner, attr, rows):
+    function = _defined(owner, attr) if owner is not None else None
     if function is None or is_ours(function):
         return False
     return any(row.fix is not None and row.shape.check(function).ok for row in rows)
 
 
 def _examine_inherited(site, release, cls, attr):
+    """An inheriting subclass: PATCHED only when the method ``cls`` resolves is this package's wrapper."""
     owner = next((klass for klass in cls.__mro__ if attr in vars(klass)), None)
     if owner is cls:
         return Finding(SKIPPED, "%s overrides %s (expected to inherit %s)" % (cls.__name__, attr, site.inherits),
@@ -174,20 +257,60 @@ def _examine_inherited(site, release, cls, attr):
     base_qualname = "%s.%s" % (owner.__name__, attr)
     if base_qualname != site.inherits:
         return Finding(SKIPPED, "inherits %s, expected %s" % (base_qualname, site.inherits), site, release, None)
-    base = examine((owner.__module__, base_qualname))
-    verdict = PATCHED if base.verdict == PATCHABLE else base.verdict
     reason = "via %s.%s" % (owner.__module__, base_qualname)
+    if is_ours(vars(owner)[attr]):
+        return Finding(PATCHED, reason, site, release, None)
+    base = _examine((owner.__module__, base_qualname))
+    verdict = base.verdict
+    if verdict in (PATCHABLE, PATCHED):  # the base is patchable but not patched: the subclass runs the bug
+        verdict = SKIPPED
+        base = base._replace(reason="not patched (%s)" % (base.reason or "the import hook has not run"))
     if base.reason:
         reason += ": " + base.reason
     return Finding(verdict, reason, site, release, None)
 
 
+def _covering_guard(key, module):
+    """Name of an integration whose patched guard the site's buggy call goes through, or None.
+
+    An integration with a ``covers(function)`` predicate (the torch_xla guard:
+    "this code passes its closure to ``xm.optimizer_step``") protects a skipped
+    site when every one of its own sites is PATCHED, read from the live objects.
+    """
+    module_name, qualname = key
+    module = module if module is not None else sys.modules.get(module_name)
+    if module is None:
+        return None
+    owner = _owner(module, qualname)
+    if isinstance(owner, str):
+        return None
+    class_name, attr = split_qualname(qualname)
+    function = _defined(owner, attr)
+    if function is None and class_name is not None:
+        function = next((vars(k)[attr] for k in owner.__mro__ if attr in vars(k)), None)
+    if function is None or is_ours(function):
+        return None
+    for integration in _integrations.load():
+        covers = getattr(integration, "covers", None)
+        if covers is None or any(row.module == module_name for row in integration.CALL_SITES):
+            continue
+        try:
+            if not covers(function):
+                continue
+        except Exception:
+            continue
+        keys = {_sites.site_key(row) for row in integration.CALL_SITES}
+        if keys and all(_examine(guard_key).verdict == PATCHED for guard_key in keys):
+            return integration.NAME
+    return None
+
+
 def _patch_site(key, module):
-    finding = examine(key, module)
+    finding = _examine(key, module)
     if finding.verdict == SKIPPED and finding.site is not None and finding.site.inherits \
             and not _base_patched(finding.site):
         # An inheriting subclass (bf16) of a base site that is itself skipped/failed/absent: the base's
-        # own warning already names the cause; status() still lists this row (issue #6: one warning).
+        # own warning already names the cause; status() still lists this row (one warning per cause).
         return finding
     if finding.verdict == SKIPPED:
         _warn_once(key, "tpu-closure-fix: %s:%s not patched: %s" % (key[0], key[1], finding.reason))
@@ -196,21 +319,23 @@ def _patch_site(key, module):
         return finding
     import wrapt
 
-    cls, attr, original = finding.target
+    owner, attr, original = finding.target
     site = finding.site
     try:
         wrapper_function = site.fix.prepare(site, original, _state.switch)
     except FixUnavailable as exc:
         _state.failures[key] = "fix unavailable: %s" % exc
         _warn_once(key, "tpu-closure-fix: %s:%s not patched: %s" % (key[0], key[1], exc))
-        return examine(key, module)
+        return _examine(key, module)
     wrapper = wrapt.FunctionWrapper(original, wrapper_function)
     setattr(wrapper, MARKER, site.variant)
-    setattr(cls, attr, wrapper)
-    _state.patches[key] = (cls, attr, original, wrapper)
+    setattr(owner, attr, wrapper)
+    _state.patches[key] = (owner, attr, original, wrapper)
     log.info("tpu-closure-fix: patched %s.%s (%s %s, variant %s)", key[0], key[1], site.package,
              finding.release, site.variant)
-    return Finding(PATCHED, "", site, finding.release, None)
+    if finding.reason:
+        _state.notes[key] = finding.reason
+    return Finding(PATCHED, finding.reason, site, finding.release, None)
 
 
 def _base_patched(site):
@@ -218,11 +343,13 @@ def _base_patched(site):
                if row.package == site.package and row.qualname == site.inherits and not row.inherits)
 
 
-def _patch_module(module):
-    """Apply every row of ``module``; returns the keys newly patched."""
+def _patch_module(module, name=None):
+    """Apply every row of ``module`` (imported as ``name``); returns the keys newly patched."""
+    name = name or module.__name__
+    _state.processed[name] = id(module)
     patched = []
     for key in _sites.site_keys():
-        if key[0] != module.__name__:
+        if key[0] != name:
             continue
         try:
             before = key in _state.patches
@@ -232,7 +359,7 @@ def _patch_module(module):
         except Exception as exc:  # never break the user's program
             _state.failures[key] = "%s: %s" % (type(exc).__name__, exc)
             _warn_once(key, "tpu-closure-fix: %s:%s not patched, error in the shim: %s: %s; "
-                            "Lightning's original code is in place" % (key[0], key[1], type(exc).__name__, exc))
+                            "the original code is in place" % (key[0], key[1], type(exc).__name__, exc))
     return patched
 
 
@@ -243,17 +370,17 @@ def _on_import(module):
             _state.pending.discard(getattr(module, "__name__", None))
             _arm_for_reload(getattr(module, "__name__", None))
             if _state.enabled:
-                _patch_module(module)
+                _patch_module(module, getattr(module, "__name__", None))
     except Exception as exc:  # pragma: no cover - defensive
         _warn_once(("hook", getattr(module, "__name__", "?")),
                    "tpu-closure-fix: import hook failed for %r: %s" % (module, exc))
 
 
 def _arm_for_reload(name):
-    """Make ``importlib.reload(module)`` fire :func:`_on_import` again (issue #6, reload fault).
+    """Make ``importlib.reload(module)`` fire :func:`_on_import` again.
 
     wrapt's post-import hooks fire once. A reload re-runs the module body (new class
-    objects holding Lightning's original functions) and goes through ``sys.meta_path``
+    objects holding the original functions) and goes through ``sys.meta_path``
     again, where wrapt's ``ImportHookFinder`` chains the loader -- and so calls the hooks
     listed in ``wrapt.importer._post_import_hooks[name]`` after the body ran -- for every
     name that has an entry there. Putting our hook back in that list (it is emptied
@@ -283,14 +410,14 @@ def enable():
     """Patch every affected site now and as its module gets imported (idempotent)."""
     late = []
     with _state.lock:
-        # Import wrapt *before* switching on (issue #6 fault test "wrapt missing"): otherwise a
-        # failed import left enabled=True with nothing patched, and status() blamed a reload.
+        # Import wrapt *before* switching on: otherwise a failed import would leave
+        # enabled=True with nothing patched.
         try:
             import wrapt
         except ImportError as exc:
             reason = "wrapt is not importable (%s); pip install 'wrapt>=1.14'" % (exc,)
             _state.disabled_reason = reason
-            _warn_once("wrapt", "tpu-closure-fix is inactive: %s. Lightning runs unpatched." % reason)
+            _warn_once("wrapt", "tpu-closure-fix is inactive: %s. Every call site runs unpatched." % reason)
             return False
         _state.enabled = True
         _state.switch.on = True
@@ -308,10 +435,38 @@ def enable():
                     _warn_once(("register", name), "tpu-closure-fix: cannot watch %s: %s" % (name, exc))
             else:
                 _arm_for_reload(name)
-                late.extend(_patch_module(module))
+                late.extend(_patch_module(module, name))
     if late:
         _warn_if_already_stepped()
     return True
+
+
+def reconcile():
+    """Patch watched modules that were imported without the import hook firing; warn once for each.
+
+    The hook does not fire when another ``sys.meta_path`` finder ahead of wrapt's
+    returns the module's spec itself (runtime type-checker import hooks do), when
+    registering the hook failed, or when a module is put into ``sys.modules`` by
+    hand. Called by ``enable()``'s callers, ``status()`` and ``check``; returns
+    the keys it patched.
+    """
+    patched = []
+    with _state.lock:
+        if not _state.enabled:
+            return patched
+        for name in _sites.module_names():
+            module = sys.modules.get(name)
+            if module is None or _state.processed.get(name) == id(module):
+                continue
+            _state.pending.discard(name)
+            keys = _patch_module(module, name)
+            patched.extend(keys)
+            if keys:
+                _warn_once(("unhooked", name), "tpu-closure-fix: %s was imported without its import hook running "
+                                               "(another import hook ahead of wrapt's, or a failed hook "
+                                               "registration); patched it late, at %s" % (name, ", ".join(
+                                                   "%s:%s" % key for key in keys)))
+    return patched
 
 
 def disable(reason="tpu_closure_fix.disable() was called"):
@@ -335,34 +490,16 @@ def set_disabled_reason(reason):
             _state.disabled_reason = reason
 
 
-#: Where the Trainer class lives, for the late-enable check below.
-_TRAINER_MODULES = ("pytorch_lightning.trainer.trainer", "lightning.pytorch.trainer.trainer")
-
-
 def _warn_if_already_stepped():
-    """Enabled after Lightning was imported: warn if a Trainer has already stepped unfixed.
-
-    Looks only at instances of the loaded Trainer classes (and their subclasses), found
-    with ``gc.get_referrers`` (an instance of a heap type refers to its class), which runs
-    in C: a Python loop over ``gc.get_objects()`` cost about 80 ms with torch loaded."""
-    try:
-        import gc
-
-        classes, todo = [], [getattr(sys.modules.get(name), "Trainer", None) for name in _TRAINER_MODULES]
-        while todo:
-            cls = todo.pop()
-            if isinstance(cls, type) and cls not in classes:
-                classes.append(cls)
-                todo.extend(cls.__subclasses__())
-        if not classes:
+    """Enabled after a framework was imported: ask each integration whether unfixed steps already ran."""
+    for integration in _integrations.load():
+        check = getattr(integration, "late_enable_warning", None)
+        if check is None:
+            continue
+        try:
+            message = check()
+        except Exception:  # pragma: no cover - defensive
+            continue
+        if message:
+            _warn_once("late", message)
             return
-        classes = tuple(classes)
-        for obj in gc.get_referrers(*classes):
-            if isinstance(obj, classes) and getattr(obj, "global_step", 0):
-                _warn_once("late", "tpu-closure-fix was enabled after a Trainer had already taken %d "
-                                   "optimizer step(s) with the unfixed code; those steps were not reduced "
-                                   "correctly. Import tpu_closure_fix before training starts."
-                           % obj.global_step)
-                return
-    except Exception:  # pragma: no cover - defensive
-        pass

@@ -1,25 +1,24 @@
-"""The fixes: what a patched call site does instead of the buggy call.
+"""What every fix shares: binding a call, the on/off guard, and torch_xla at call time.
 
-Every affected call site hands a closure that computes gradients to
-``xm.optimizer_step``, which all-reduces *before* ``optimizer.step(closure)``
-runs that closure. Each fix below does what the upstream fix in
+Every affected call site hands a closure that computes gradients to a step
+that all-reduces *before* the closure runs. A fix does what the upstream fix in
 pytorch-lightning 1.9.0 does (``_tpu_wrap_closure``)::
 
     closure()                    # forward, zero_grad, backward
     xm.reduce_gradients(opt)     # mean across replicas (no-op on one replica)
-    ... Lightning's after-closure hooks (on_before_optimizer_step, clipping)
     optimizer.step(closure=...)
-    xm.mark_step()
+    barrier                      # xm.mark_step(), or torch_xla.sync() where that is the barrier
 
-A fix is a small object: ``prepare(site, original)`` checks everything the fix
-needs from the loaded code (and raises :class:`FixUnavailable` otherwise, so the
-site is skipped, never half-patched) and returns a wrapt wrapper function
-``(wrapped, instance, args, kwargs)``. The wrapper falls back to the original
-call whenever the call cannot be bound to the expected parameters, and when the
-shim is switched off (``switch.on`` false).
+A fix is a small object (one class per code shape, in its integration's
+``fixes`` module): ``prepare(site, original, switch)`` checks everything the
+fix needs from the loaded code (and raises :class:`FixUnavailable` otherwise, so
+the site is skipped, never half-patched) and returns a wrapt wrapper function
+``(wrapped, instance, args, kwargs)`` built with :func:`guarded`. The wrapper
+falls back to the original call whenever the call cannot be bound to the
+expected parameters, and when the shim is switched off (``switch.on`` false).
 """
+import inspect
 import sys
-from functools import partial
 
 from .lockstep import lockstep_loss
 
@@ -35,22 +34,72 @@ class _Unbindable(Exception):
 
 
 def xla_model():
-    """torch_xla's xla_model module, imported at call time like upstream does."""
-    xm = sys.modules.get(XLA_MODEL)
-    if xm is None:
-        import torch_xla.core.xla_model as xm
+    """torch_xla's xla_model, as ``import torch_xla.core.xla_model as xm`` gives it now.
+
+    Exactly that statement, run at call time: it resolves ``torch_xla.core`` and
+    then its ``xla_model`` attribute, so a test that replaced the attribute
+    (``mock.patch("torch_xla.core.xla_model")``) gets its mock, as the
+    framework's own call-time import does.
+    """
+    import torch_xla.core.xla_model as xm
+
     return xm
 
 
-def reduce_after(xm, optimizer, closure):
-    """Run the closure, then all-reduce the gradients it produced.
+def xla_model_for(original):
+    """A function returning torch_xla's xla_model the way ``original``'s own code obtains it.
 
-    The body of upstream's ``_tpu_wrap_closure``; returns the closure's result,
-    as the replica mean for an optimizer that branches on it (:mod:`.lockstep`).
-    An exception from the closure propagates before any reduction.
+    Code that reads a module global ``xm`` (imported at module level, as
+    pytorch-lightning 1.2-1.4 and accelerate do) gets that global, looked up at
+    call time; code that imports it in its body (``xm`` a local variable)
+    gets :func:`xla_model`.
+    """
+    code = getattr(inspect.unwrap(original), "__code__", None)
+    module_globals = getattr(inspect.unwrap(original), "__globals__", None)
+    if code is not None and module_globals is not None and "xm" in code.co_names and "xm" not in code.co_varnames:
+        return lambda: module_globals.get("xm") or xla_model()
+    return xla_model
+
+
+_barriers = {}
+
+
+def barrier(xm):
+    """Issue the barrier the installed ``xm.optimizer_step`` issues for ``barrier=True``.
+
+    torch_xla releases that deprecate ``xm.mark_step`` call ``torch_xla.sync()``
+    there instead; doing what the installed release does means the shim causes
+    no DeprecationWarning. Read from the release's own code (cached per
+    function), so it follows the installed release, not a version number; a
+    stand-in without code (a mock) gets ``xm.mark_step()``.
+    """
+    step = inspect.unwrap(getattr(xm, "optimizer_step", None) or (lambda: None))
+    kind = _barriers.get(step)
+    if kind is None:
+        code = getattr(step, "__code__", None)
+        names = set(code.co_names) if code is not None else set()
+        kind = _barriers[step] = "sync" if "sync" in names and "mark_step" not in names else "mark_step"
+    if kind == "sync":
+        import torch_xla
+
+        torch_xla.sync()
+    else:
+        xm.mark_step()
+
+
+def reduce_after(xm, optimizer, closure, reduce=None):
+    """Run the closure, then reduce the gradients it produced; return its result.
+
+    The body of upstream's ``_tpu_wrap_closure``. ``reduce(optimizer)`` defaults
+    to ``xm.reduce_gradients(optimizer)``. An exception from the closure
+    propagates before any reduction. An optimizer that branches on the result
+    gets the replica mean instead (:mod:`.lockstep`).
     """
     result = closure()
-    xm.reduce_gradients(optimizer)
+    if reduce is None:
+        xm.reduce_gradients(optimizer)
+    else:
+        reduce(optimizer)
     return lockstep_loss(xm, optimizer, result)
 
 
@@ -71,17 +120,28 @@ def bind(names, args, kwargs):
     return values, extra
 
 
-def guarded(names, switch, body, precondition=None):
+def bind_with_defaults(function, args, kwargs):
+    """Bind a call to a plain function's full signature (defaults applied); None if it does not fit."""
+    try:
+        bound = inspect.signature(function).bind(*args, **kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def guarded(names, switch, body, precondition=None, method=True):
     """Build the wrapt wrapper shared by every fix.
 
-    The original runs unchanged when the shim is switched off, when called on
-    the class rather than an instance, when ``precondition(kwargs)`` is false,
-    or when the call does not bind to ``names``; otherwise
-    ``body(wrapped, instance, values, extra)`` runs the fix.
+    The original runs unchanged when the shim is switched off, when a method is
+    called on the class rather than an instance (``method``), when
+    ``precondition(kwargs)`` is false, or when the call does not bind to
+    ``names``; otherwise ``body(wrapped, args, kwargs, instance, values, extra)``
+    runs the fix.
     """
 
     def wrapper(wrapped, instance, args, kwargs):
-        if not switch.on or instance is None or (precondition is not None and not precondition(kwargs)):
+        if not switch.on or (method and instance is None) or (precondition is not None and not precondition(kwargs)):
             return wrapped(*args, **kwargs)
         try:
             values, extra = bind(names, args, kwargs)
@@ -92,15 +152,8 @@ def guarded(names, switch, body, precondition=None):
     return wrapper
 
 
-def _is_do_nothing_closure(closure):
-    # PL 1.5-1.7 LightningLite passes ``_do_nothing_closure`` when the user
-    # called ``optimizer.step()`` without a closure (gradients already exist).
-    return getattr(closure, "__name__", None) in ("_do_nothing_closure", "do_nothing_closure") and str(
-        getattr(closure, "__module__", "")
-    ).startswith(("pytorch_lightning", "lightning"))
-
-
-def _has_closure(kwargs):
+def has_closure(kwargs):
+    """Precondition of the Lite-style fixes: the call passes a closure."""
     return kwargs.get("closure") is not None
 
 
@@ -114,132 +167,3 @@ class Fix(object):
 
     def prepare(self, site, original, switch):
         raise NotImplementedError
-
-
-class TrainerClosureFix(Fix):
-    """Trainer precision plugin ``optimizer_step`` (PL 1.5-1.8, lightning.pytorch 1.8).
-
-    Exactly upstream 1.9.0: closure, reduce, ``_wrap_closure``'s after-closure
-    hooks (so clipping sees reduced gradients), step, mark_step; the same
-    error as the installed release when ``training_step`` returns None under
-    automatic optimization.
-
-    ``returns_result``: the release's original returns the closure result
-    (1.6+) or nothing (1.5). ``lite_when_not_lightning_module``: PL 1.5-1.7
-    route LightningLite through this method with a plain ``nn.Module``; then
-    the Lite rule applies (a user closure is reduced after each evaluation,
-    ``_do_nothing_closure`` keeps the original call) and no ``mark_step`` is
-    added, since the original passed ``barrier=False``.
-    """
-
-    name = "trainer-closure"
-
-    def __init__(self, returns_result=True, lite_when_not_lightning_module=False):
-        self.returns_result = returns_result
-        self.lite_when_not_lightning_module = lite_when_not_lightning_module
-
-    def describe(self):
-        text = "closure -> reduce_gradients -> after-closure hooks/clipping -> step -> mark_step (upstream 1.9.0)"
-        if self.lite_when_not_lightning_module:
-            text += "; LightningLite path: user closure -> reduce per evaluation"
-        return text
-
-    def prepare(self, site, original, switch):
-        from .shape import string_constant_containing
-
-        names = site.shape.params
-        module_globals = getattr(original, "__globals__", {})
-        error_type = module_globals.get("MisconfigurationException")
-        message = string_constant_containing(original, "Skipping backward")
-        if error_type is None or message is None:
-            raise FixUnavailable("cannot find the release's MisconfigurationException and its message")
-        pl = module_globals.get("pl")
-        if self.lite_when_not_lightning_module and pl is None:
-            raise FixUnavailable("module has no 'pl' binding for the LightningModule check")
-        returns_result = self.returns_result
-        lite_path = self.lite_when_not_lightning_module
-
-        def trainer_closure_fix(wrapped, args, kwargs, instance, values, extra):
-            model = values["model"]
-            optimizer = values["optimizer"]
-            closure = values["closure"]
-            if lite_path and not isinstance(model, pl.LightningModule):
-                if _is_do_nothing_closure(closure):
-                    return wrapped(*args, **kwargs)
-                xm = xla_model()
-                result = optimizer.step(closure=partial(reduce_after, xm, optimizer, closure), **extra)
-                return result if returns_result else None
-            xm = xla_model()
-            closure = partial(reduce_after, xm, optimizer, closure)
-            closure = partial(instance._wrap_closure, model, optimizer, values["optimizer_idx"], closure)
-            closure_result = optimizer.step(closure=closure, **extra)
-            xm.mark_step()
-            if closure_result is None and model.automatic_optimization:
-                raise error_type(message)
-            return closure_result if returns_result else None
-
-        return guarded(names, switch, trainer_closure_fix)
-
-
-class AcceleratorStepFix(Fix):
-    """``TPUAccelerator.run_optimizer_step`` (PL 1.2-1.4; never fixed upstream).
-
-    Same order as upstream 1.9.0: Lightning's closure (which in these releases
-    also clips gradients, *before* the reduction: see README limitations), then
-    reduce_gradients, then step, then mark_step. Returns None like the original.
-    """
-
-    name = "accelerator-closure"
-
-    def describe(self):
-        return "closure -> reduce_gradients -> step -> mark_step (upstream 1.9.0 order)"
-
-    def prepare(self, site, original, switch):
-        names = site.shape.params
-
-        def accelerator_step_fix(wrapped, args, kwargs, instance, values, extra):
-            optimizer = values["optimizer"]
-            xm = xla_model()
-            optimizer.step(closure=partial(reduce_after, xm, optimizer, values["lambda_closure"]), **extra)
-            xm.mark_step()
-            return None
-
-        return guarded(names, switch, accelerator_step_fix)
-
-
-class LiteClosureFix(Fix):
-    """Lite/Fabric precision ``optimizer_step(optimizer, **kwargs)``.
-
-    With a user closure (``optimizer.step(closure)``), every evaluation of the
-    closure (LBFGS evaluates it several times) is followed by exactly one
-    reduce_gradients, then the step runs; ``mark_step`` follows where the
-    original asked for ``barrier=True``. Without a closure the original
-    ``xm.optimizer_step`` call runs unchanged (gradients already exist, so its
-    reduce-then-step order is right).
-    """
-
-    name = "lite-closure"
-
-    def __init__(self, barrier=False):
-        self.barrier = barrier
-
-    def describe(self):
-        text = "with a closure: closure -> reduce_gradients (per evaluation) -> step"
-        if self.barrier:
-            text += " -> mark_step"
-        return text + "; without: original call"
-
-    def prepare(self, site, original, switch):
-        names = site.shape.params
-        barrier = self.barrier
-
-        def lite_closure_fix(wrapped, args, kwargs, instance, values, extra):
-            optimizer = values["optimizer"]
-            closure = extra.pop("closure")
-            xm = xla_model()
-            result = optimizer.step(closure=partial(reduce_after, xm, optimizer, closure), **extra)
-            if barrier:
-                xm.mark_step()
-            return result
-
-        return guarded(names, switch, lite_closure_fix, precondition=_has_closure)

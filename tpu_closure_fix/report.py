@@ -36,9 +36,12 @@ def status(import_errors=None):
     """List of dicts, one per (module, class.method) of the table.
 
     Keys: distribution, release, module, method, verdict, reason, variant.
-    ``verdict`` is one of: patched, fixed upstream, not installed,
+    ``verdict`` is one of: patched, fixed upstream, guarded, not installed,
     not imported yet, not in this release, disabled, skipped, failed.
+    Watched modules imported without the import hook firing are patched first
+    (:func:`tpu_closure_fix.engine.reconcile`, which warns when it does).
     """
+    engine.reconcile()
     records = []
     import_errors = import_errors or {}
     for key in _sites.site_keys():
@@ -94,14 +97,14 @@ def import_installed_sites():
 
 
 def unprotected(records):
-    """Records where an installed, affected site runs Lightning's buggy code."""
+    """Records where an installed, affected site runs the buggy code."""
     return [r for r in records if r["verdict"] in engine.UNPROTECTED]
 
 
 def render_table(records, show_all=False):
     rows = [r for r in records if show_all or r["verdict"] not in (engine.NOT_INSTALLED, engine.ABSENT)]
     if not rows:
-        return "No Lightning TPU call site is installed in this environment (use --all to list every known site)."
+        return "No known call site is installed in this environment (use --all to list every known site)."
     header = ("distribution", "release", "site", "verdict")
     table = [header]
     for r in rows:

@@ -22,17 +22,19 @@ ShapeResult = namedtuple("ShapeResult", "ok reason")
 class Shape(object):
     """Expected shape of a call-site function (declarative; see sites.py).
 
-    ``params``: positional parameter names after ``self``, in order.
+    ``params``: positional parameter names after ``self`` (all of them for a
+    plain function, ``method=False``), in order.
     ``varkw``: whether the function takes ``**kwargs``.
     ``requires``: names/constants that must occur in the code.
     ``forbids``: names/constants that must not occur.
     """
 
-    __slots__ = ("params", "varkw", "requires", "forbids")
+    __slots__ = ("params", "varkw", "requires", "forbids", "method")
 
-    def __init__(self, params, varkw=True, requires=(), forbids=()):
+    def __init__(self, params, varkw=True, requires=(), forbids=(), method=True):
         self.params = tuple(params)
         self.varkw = varkw
+        self.method = method
         self.requires = frozenset(requires)
         self.forbids = frozenset(forbids)
 
@@ -50,10 +52,9 @@ class Shape(object):
         if code is None:
             return ShapeResult(False, "not a Python function (%r)" % (type(function).__name__,))
         params = code_params(code)
-        if params[1:] != self.params:
-            return ShapeResult(
-                False, "parameters are %s, expected (self, %s)" % (params, ", ".join(self.params))
-            )
+        if (params[1:] if self.method else params) != self.params:
+            return ShapeResult(False, "parameters are %s, expected (%s)"
+                               % (params, ", ".join((("self",) if self.method else ()) + self.params)))
         has_varkw = bool(code.co_flags & inspect.CO_VARKEYWORDS)
         if has_varkw != self.varkw:
             return ShapeResult(False, "**kwargs %s" % ("present" if has_varkw else "missing"))

@@ -144,11 +144,11 @@ def site_state():
         module = sys.modules.get(key[0])
         if module is None:
             continue
-        class_name, attr = key[1].rsplit(".", 1)
-        cls = getattr(module, class_name, None)
-        if not isinstance(cls, type):
+        class_name, attr = engine.split_qualname(key[1])
+        cls = module if class_name is None else getattr(module, class_name, None)
+        if class_name is not None and not isinstance(cls, type):
             continue
-        out["%s:%s" % key] = {"wrapped": engine.is_ours(cls.__dict__.get(attr)),
+        out["%s:%s" % key] = {"wrapped": engine.is_ours(vars(cls).get(attr)),
                               "verdict": engine.examine(key).verdict}
     return out
 

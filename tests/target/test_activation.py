@@ -73,7 +73,7 @@ def _site_list():
     sys.path.insert(0, REPO)
     from tpu_closure_fix import sites
 
-    return [(s.module, s.qualname) for s in sites.CALL_SITES if s.fix is not None]
+    return [(s.module, s.qualname) for s in sites.CALL_SITES if s.fix is not None and s.integration == "lightning"]
 
 
 @pytest.fixture(scope="session")

@@ -82,7 +82,8 @@ def run(code, shim=True, args=None):
 def log():
     from tpu_closure_fix import sites
 
-    proc = run(LIFECYCLE % ([(s.module, s.qualname) for s in sites.CALL_SITES if s.fix is not None],))
+    proc = run(LIFECYCLE % ([(s.module, s.qualname) for s in sites.CALL_SITES
+                             if s.fix is not None and s.integration == "lightning"],))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -184,7 +185,7 @@ UNKNOWN_RELEASE = textwrap.dedent(
 def test_unknown_release_is_left_untouched_and_reported():
     from tpu_closure_fix import sites
 
-    keys = sorted({(s.module, s.qualname) for s in sites.CALL_SITES if s.fix is not None})
+    keys = sorted({(s.module, s.qualname) for s in sites.CALL_SITES if s.fix is not None and s.integration == "lightning"})
     env = child_env(True)
     env["TPU_CLOSURE_FIX"] = "0"  # keep the .pth auto-enable out of the way until the version is changed
     code = UNKNOWN_RELEASE % (keys,)

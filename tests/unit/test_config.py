@@ -48,7 +48,7 @@ def test_bad_value_warns_once():
 def test_startup_module_agrees_with_package():
     startup = load_startup()
     assert startup.OFF_VALUES == config.OFF_VALUES
-    assert startup.LIGHTNING_PACKAGES == sites.top_level_packages()
+    assert startup.WATCHED_PACKAGES == sites.top_level_packages()
 
 
 @pytest.mark.parametrize("raw,disabled", [("0", True), ("OFF", True), ("1", False), ("maybe", False), (None, False)])

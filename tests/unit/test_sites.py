@@ -3,7 +3,8 @@ import re
 
 import pytest
 
-from tpu_closure_fix import fixes, shape, sites
+from tpu_closure_fix import fixes, integrations, shape, sites
+from tpu_closure_fix.integrations import lightning
 from tpu_closure_fix.releases import in_range
 
 
@@ -13,9 +14,10 @@ def test_every_row_is_complete():
         assert site.variant not in variants, site.variant
         variants.add(site.variant)
         assert re.match(r"^[a-z_]+(\.[a-z_0-9]+)+$", site.module), site.module
-        assert re.match(r"^[A-Za-z0-9]+\.[a-z_]+$", site.qualname), site.qualname
+        assert re.match(r"^([A-Za-z0-9]+\.)?[a-z_]+$", site.qualname), site.qualname
         assert site.module.startswith(site.package), (site.module, site.package)
-        assert 1 <= site.callsites_row <= 19
+        assert site.integration in integrations.NAMES
+        assert all(isinstance(release, str) and fingerprint for release, fingerprint in site.fingerprints)
         if site.inherits:
             assert site.fix is None and site.shape is None
         else:
@@ -54,8 +56,8 @@ def test_shape_reads_parameters_and_names():
         closure = self._wrap_closure(model, optimizer, optimizer_idx, closure)
         return xm.optimizer_step(optimizer, optimizer_args={"closure": closure, **kwargs})
 
-    assert sites.TRAINER_OPTIMIZER_FIRST.check(optimizer_step).ok
-    result = sites.TRAINER_MODEL_FIRST.check(optimizer_step)
+    assert lightning.TRAINER_OPTIMIZER_FIRST.check(optimizer_step).ok
+    result = lightning.TRAINER_MODEL_FIRST.check(optimizer_step)
     assert not result.ok and "parameters" in result.reason
 
     def upstream(self, optimizer, model, optimizer_idx, closure, **kwargs):
@@ -65,8 +67,8 @@ def test_shape_reads_parameters_and_names():
         xm.mark_step()  # noqa: F821
         return result
 
-    assert sites.FIXED_1_9.check(upstream).ok
-    bad = sites.TRAINER_OPTIMIZER_FIRST.check(upstream)
+    assert lightning.FIXED_1_9.check(upstream).ok
+    bad = lightning.TRAINER_OPTIMIZER_FIRST.check(upstream)
     assert not bad.ok and "lacks" in bad.reason
 
 
@@ -79,3 +81,13 @@ def test_bind_maps_positional_and_keyword_calls():
         fixes.bind(names, ("o",), {})
     with pytest.raises(fixes._Unbindable):
         fixes.bind(names, ("o", "m", 0, "c", "extra"), {})
+
+
+def test_every_integration_declares_its_rows_and_packages():
+    loaded = integrations.load()
+    assert [integration.NAME for integration in loaded] == list(integrations.NAMES)
+    for integration in loaded:
+        assert integration.CALL_SITES and all(site.integration == integration.NAME for site in integration.CALL_SITES)
+        tops = {site.package.split(".")[0] for site in integration.CALL_SITES}
+        assert tops <= integration.PACKAGES, (integration.NAME, tops - integration.PACKAGES)
+    assert sites.CALL_SITES == tuple(site for integration in loaded for site in integration.CALL_SITES)

@@ -1,0 +1,188 @@
+"""The Lightning integration: every Lightning TPU optimizer-step variant, as data.
+
+One row per variant (pytorch-lightning, lightning, lightning-lite,
+lightning-fabric), grouped by call-site family. The core
+(:mod:`tpu_closure_fix.engine`) is generic over these rows; supporting a new
+release is one row here plus its matrix target.
+
+Row fields: see :class:`tpu_closure_fix.sites.CallSite`. Here ``package`` is the
+top-level package, or a sub-package of the unified ``lightning`` distribution
+(``lightning.pytorch``...), whose release is ``lightning.__version__``.
+"""
+import sys
+
+from ...shape import Shape
+from ...sites import make_site
+from .fixes import AcceleratorStepFix, LiteClosureFix, TrainerClosureFix
+
+NAME = "lightning"
+#: Top-level packages whose import arms the start-up watcher.
+PACKAGES = frozenset(("pytorch_lightning", "lightning", "lightning_lite", "lightning_fabric"))
+
+
+def _site(variant, package, distribution, module, qualname, releases, shape=None, fix=None, inherits=None,
+          note=""):
+    return make_site(variant, NAME, package, distribution, module, qualname, releases, shape, fix, inherits,
+                     note=note)
+
+
+# --- shapes ------------------------------------------------------------------
+# The buggy call is ``xm.optimizer_step(optimizer, ..., optimizer_args=...)``;
+# an upstream-fixed body calls ``_tpu_wrap_closure``/``_xla_wrap_closure`` and
+# ``mark_step`` and never ``optimizer_args``.
+_BUGGY = ("optimizer_step", "optimizer_args")
+_NOT_FIXED = ("reduce_gradients", "mark_step", "_tpu_wrap_closure", "_xla_wrap_closure")
+
+ACCELERATOR_1_2 = Shape(
+    ("optimizer", "optimizer_idx", "lambda_closure"),
+    requires=_BUGGY + ("closure", "lambda_closure"),
+    forbids=_NOT_FIXED,
+)
+ACCELERATOR_1_2_BARRIER = Shape(
+    ("optimizer", "optimizer_idx", "lambda_closure"),
+    requires=_BUGGY + ("closure", "lambda_closure", "barrier"),
+    forbids=_NOT_FIXED,
+)
+TRAINER_MODEL_FIRST = Shape(  # PL 1.5-1.7: (model, optimizer, optimizer_idx, closure)
+    ("model", "optimizer", "optimizer_idx", "closure"),
+    requires=_BUGGY + ("closure", "_wrap_closure", "LightningModule"),
+    forbids=_NOT_FIXED,
+)
+TRAINER_OPTIMIZER_FIRST = Shape(  # PL 1.8: (optimizer, model, optimizer_idx, closure)
+    ("optimizer", "model", "optimizer_idx", "closure"),
+    requires=_BUGGY + ("closure", "_wrap_closure"),
+    forbids=_NOT_FIXED,
+)
+FIXED_1_9 = Shape(
+    ("optimizer", "model", "optimizer_idx", "closure"),
+    requires=("_tpu_wrap_closure", "_wrap_closure", "mark_step"),
+    forbids=("optimizer_args",),
+)
+FIXED_2_0 = Shape(
+    ("optimizer", "model", "closure"),
+    requires=("_tpu_wrap_closure", "_wrap_closure", "mark_step"),
+    forbids=("optimizer_args",),
+)
+FIXED_2_1 = Shape(
+    ("optimizer", "model", "closure"),
+    requires=("_xla_wrap_closure", "_wrap_closure", "mark_step"),
+    forbids=("optimizer_args",),
+)
+LITE = Shape(("optimizer",), requires=_BUGGY, forbids=_NOT_FIXED + ("barrier",))
+LITE_BARRIER = Shape(("optimizer",), requires=_BUGGY + ("barrier",), forbids=_NOT_FIXED)
+
+# --- fixes -------------------------------------------------------------------
+ACCELERATOR = AcceleratorStepFix()
+TRAINER_1_5 = TrainerClosureFix(returns_result=False, lite_when_not_lightning_module=True)
+TRAINER_1_6 = TrainerClosureFix(returns_result=True, lite_when_not_lightning_module=True)
+TRAINER_1_8 = TrainerClosureFix(returns_result=True, lite_when_not_lightning_module=False)
+LITE_FIX = LiteClosureFix(barrier=False)
+FABRIC_XLA_FIX = LiteClosureFix(barrier=True)
+
+PL = "pytorch-lightning"
+PL_TPU = "pytorch_lightning.plugins.precision.tpu"
+PL_BF16 = "pytorch_lightning.plugins.precision.tpu_bf16"
+PL_XLA = "pytorch_lightning.plugins.precision.xla"
+L_TPU = "lightning.pytorch.plugins.precision.tpu"
+L_BF16 = "lightning.pytorch.plugins.precision.tpu_bf16"
+L_XLA = "lightning.pytorch.plugins.precision.xla"
+RUN_STEP = "TPUAccelerator.run_optimizer_step"
+PLUGIN_STEP = "TPUPrecisionPlugin.optimizer_step"
+BF16_PLUGIN_STEP = "TPUBf16PrecisionPlugin.optimizer_step"
+LITE_STEP = "TPUPrecision.optimizer_step"
+LITE_BF16_STEP = "TPUBf16Precision.optimizer_step"
+XLA_STEP = "XLAPrecision.optimizer_step"
+ACC = "pytorch_lightning.accelerators.tpu"
+
+CALL_SITES = (
+    # ---- Trainer, pytorch-lightning 1.2-1.4: TPUAccelerator.run_optimizer_step
+    _site("pl-1.2.0", "pytorch_lightning", PL, ACC, RUN_STEP, ">=1.2.0,<1.2.3", ACCELERATOR_1_2, ACCELERATOR),
+    _site("pl-1.2.3", "pytorch_lightning", PL, ACC, RUN_STEP, ">=1.2.3,<1.2.8", ACCELERATOR_1_2_BARRIER, ACCELERATOR),
+    _site("pl-1.2.8", "pytorch_lightning", PL, ACC, RUN_STEP, ">=1.2.8,<1.3.0", ACCELERATOR_1_2_BARRIER, ACCELERATOR),
+    _site("pl-1.3", "pytorch_lightning", PL, ACC, RUN_STEP, ">=1.3.0,<1.4.0", ACCELERATOR_1_2, ACCELERATOR),
+    _site("pl-1.4", "pytorch_lightning", PL, ACC, RUN_STEP, ">=1.4.0,<1.5.0", ACCELERATOR_1_2, ACCELERATOR),
+    # ---- Trainer (and LightningLite 1.5-1.7), pytorch-lightning 1.5-1.8: TPUPrecisionPlugin.optimizer_step
+    _site("pl-1.5", "pytorch_lightning", PL, PL_TPU, PLUGIN_STEP, ">=1.5.0,<1.6.0", TRAINER_MODEL_FIRST, TRAINER_1_5,
+          note="also LightningLite"),
+    _site("pl-1.6", "pytorch_lightning", PL, PL_TPU, PLUGIN_STEP, ">=1.6.0,<1.7.0", TRAINER_MODEL_FIRST, TRAINER_1_6,
+          note="also LightningLite"),
+    _site("pl-1.7", "pytorch_lightning", PL, PL_TPU, PLUGIN_STEP, ">=1.7.0,<1.8.0", TRAINER_MODEL_FIRST, TRAINER_1_6,
+          note="also LightningLite"),
+    _site("pl-1.8", "pytorch_lightning", PL, PL_TPU, PLUGIN_STEP, ">=1.8.0,<1.9.0", TRAINER_OPTIMIZER_FIRST, TRAINER_1_8),
+    _site("lightning-1.8", "lightning.pytorch", "lightning", L_TPU, PLUGIN_STEP, ">=1.8.0,<1.9.0",
+          TRAINER_OPTIMIZER_FIRST, TRAINER_1_8),
+    # bf16 subclasses inherit optimizer_step: covered by the base patch.
+    _site("pl-bf16", "pytorch_lightning", PL, PL_BF16, BF16_PLUGIN_STEP, ">=1.5.0,<1.9.0", inherits=PLUGIN_STEP),
+    _site("lightning-bf16", "lightning.pytorch", "lightning", L_BF16, BF16_PLUGIN_STEP, ">=1.8.0,<1.9.0",
+          inherits=PLUGIN_STEP),
+    # ---- Trainer, fixed upstream (verified, never touched)
+    _site("pl-1.9", "pytorch_lightning", PL, PL_TPU, PLUGIN_STEP, ">=1.9.0,<2.0.0", FIXED_1_9),
+    _site("lightning-1.9", "lightning.pytorch", "lightning", L_TPU, PLUGIN_STEP, ">=1.9.0,<2.0.0", FIXED_1_9),
+    _site("pl-2.0", "pytorch_lightning", PL, PL_TPU, PLUGIN_STEP, ">=2.0.0,<2.1.0", FIXED_2_0),
+    _site("lightning-2.0", "lightning.pytorch", "lightning", L_TPU, PLUGIN_STEP, ">=2.0.0,<2.1.0", FIXED_2_0),
+    _site("pl-bf16-fixed", "pytorch_lightning", PL, PL_BF16, BF16_PLUGIN_STEP, ">=1.9.0,<2.1.0", inherits=PLUGIN_STEP),
+    _site("lightning-bf16-fixed", "lightning.pytorch", "lightning", L_BF16, BF16_PLUGIN_STEP, ">=1.9.0,<2.1.0",
+          inherits=PLUGIN_STEP),
+    _site("pl-2.1.0", "pytorch_lightning", PL, PL_XLA, "XLAPrecisionPlugin.optimizer_step", ">=2.1.0,<2.1.1",
+          FIXED_2_1),
+    _site("lightning-2.1.0", "lightning.pytorch", "lightning", L_XLA, "XLAPrecisionPlugin.optimizer_step",
+          ">=2.1.0,<2.1.1", FIXED_2_1),
+    _site("pl-2.1.1+", "pytorch_lightning", PL, PL_XLA, XLA_STEP, ">=2.1.1", FIXED_2_1,
+          note="open-ended: the shape check still verifies the fix"),
+    _site("lightning-2.1.1+", "lightning.pytorch", "lightning", L_XLA, XLA_STEP, ">=2.1.1", FIXED_2_1,
+          note="open-ended: the shape check still verifies the fix"),
+    # ---- Lite, 1.8.x: standalone lightning-lite, the copy vendored in pytorch-lightning 1.8, lightning.lite
+    _site("lite-1.8", "lightning_lite", "lightning-lite | pytorch-lightning (vendored)",
+          "lightning_lite.plugins.precision.tpu", LITE_STEP, ">=1.8.0,<1.9.0", LITE, LITE_FIX),
+    _site("lite-1.8-bf16", "lightning_lite", "lightning-lite | pytorch-lightning (vendored)",
+          "lightning_lite.plugins.precision.tpu_bf16", LITE_BF16_STEP, ">=1.8.0,<1.9.0", inherits=LITE_STEP),
+    _site("lightning-lite-1.8", "lightning.lite", "lightning", "lightning.lite.plugins.precision.tpu", LITE_STEP,
+          ">=1.8.0,<1.9.0", LITE, LITE_FIX),
+    _site("lightning-lite-1.8-bf16", "lightning.lite", "lightning", "lightning.lite.plugins.precision.tpu_bf16",
+          LITE_BF16_STEP, ">=1.8.0,<1.9.0", inherits=LITE_STEP),
+    # ---- Fabric 1.9-2.0: standalone lightning-fabric, vendored in pytorch-lightning, lightning.fabric
+    _site("fabric-1.9", "lightning_fabric", "lightning-fabric | pytorch-lightning (vendored)",
+          "lightning_fabric.plugins.precision.tpu", LITE_STEP, ">=1.9.0,<2.1.0", LITE, LITE_FIX),
+    _site("fabric-1.9-bf16", "lightning_fabric", "lightning-fabric | pytorch-lightning (vendored)",
+          "lightning_fabric.plugins.precision.tpu_bf16", LITE_BF16_STEP, ">=1.9.0,<2.1.0", inherits=LITE_STEP),
+    _site("lightning-fabric-1.9", "lightning.fabric", "lightning", "lightning.fabric.plugins.precision.tpu",
+          LITE_STEP, ">=1.9.0,<2.1.0", LITE, LITE_FIX),
+    _site("lightning-fabric-1.9-bf16", "lightning.fabric", "lightning",
+          "lightning.fabric.plugins.precision.tpu_bf16", LITE_BF16_STEP, ">=1.9.0,<2.1.0", inherits=LITE_STEP),
+    # ---- Fabric 2.1-2.6.6: XLAPrecision, barrier=True
+    _site("fabric-2.1", "lightning_fabric", "lightning-fabric | pytorch-lightning (vendored)",
+          "lightning_fabric.plugins.precision.xla", XLA_STEP, ">=2.1.0,<2.6.7", LITE_BARRIER, FABRIC_XLA_FIX),
+    _site("lightning-fabric-2.1", "lightning.fabric", "lightning", "lightning.fabric.plugins.precision.xla",
+          XLA_STEP, ">=2.1.0,<2.6.7", LITE_BARRIER, FABRIC_XLA_FIX),
+)
+
+
+
+#: Where the Trainer class lives, for the late-enable check below.
+_TRAINER_MODULES = ("pytorch_lightning.trainer.trainer", "lightning.pytorch.trainer.trainer")
+
+
+def late_enable_warning():
+    """Enabled after Lightning was imported: a message if a Trainer has already stepped unfixed.
+
+    Looks only at instances of the loaded Trainer classes (and their subclasses), found
+    with ``gc.get_referrers`` (an instance of a heap type refers to its class), which runs
+    in C: a Python loop over ``gc.get_objects()`` cost about 80 ms with torch loaded.
+    """
+    import gc
+
+    classes, todo = [], [getattr(sys.modules.get(name), "Trainer", None) for name in _TRAINER_MODULES]
+    while todo:
+        cls = todo.pop()
+        if isinstance(cls, type) and cls not in classes:
+            classes.append(cls)
+            todo.extend(cls.__subclasses__())
+    if not classes:
+        return None
+    classes = tuple(classes)
+    for obj in gc.get_referrers(*classes):
+        if isinstance(obj, classes) and getattr(obj, "global_step", 0):
+            return ("tpu-closure-fix was enabled after a Trainer had already taken %d optimizer step(s) with the "
+                    "unfixed code; those steps were not reduced correctly. Import tpu_closure_fix before training "
+                    "starts." % obj.global_step)
+    return None
