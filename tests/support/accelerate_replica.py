@@ -127,6 +127,7 @@ def run_scenario(scenario, rank, world):
         for x, y in chunk[:-1]:  # accumulation micro-steps
             with accelerator.accumulate(model):
                 accelerator.backward(loss_of(x, y))
+                xla_standin.record("micro_step")
                 optimizer.step()
                 optimizer.zero_grad()
         x, y = chunk[-1]

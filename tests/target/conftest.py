@@ -40,14 +40,23 @@ ONLY_ON = {
     "test_check.py": ("pytorch-lightning==1.4.9", "pytorch-lightning==1.5.10", "pytorch-lightning==1.8.6",
                       "pytorch-lightning==2.6.6",
                       "lightning-fabric==2.6.6"),
+    "test_accelerate.py": ("accelerate==0.27.2", "accelerate==0.28.0", "accelerate==1.0.1", "accelerate==1.15.0"),
+    # the LBFGS lockstep rule, through each kind of fix: Fabric's precision plugin and accelerate's step
+    "test_lockstep.py": ("lightning-fabric==2.6.6", "accelerate==1.15.0"),
 }
+
+#: Targets without Lightning: only the modules that list them in ONLY_ON run there.
+NOT_LIGHTNING = ("accelerate==",)
 
 
 def pytest_ignore_collect(collection_path, config):
     if not TARGET:
         return True
-    targets = ONLY_ON.get(os.path.basename(str(collection_path)))
-    return targets is not None and TARGET not in targets
+    name = os.path.basename(str(collection_path))
+    targets = ONLY_ON.get(name)
+    if targets is None:
+        return name.startswith("test_") and TARGET.startswith(NOT_LIGHTNING)
+    return TARGET not in targets
 
 
 def defined_where(condition):
@@ -74,16 +83,17 @@ def child_env(shim, extra=None):
     return env
 
 
-def run_replicas(scenarios, shim, tmp_path, world=REPLICAS):
-    """Run ``world`` replica processes (support.replica) and return rank -> result JSON."""
+def run_replicas(scenarios, shim, tmp_path, world=REPLICAS, module="support.replica", extra_env=None):
+    """Run ``world`` replica processes (``module``: support.replica, or another driver with its
+    command line) and return rank -> result JSON."""
     port = _free_port()
     procs = []
     for rank in range(world):
         out = tmp_path / ("shim%d-rank%d.json" % (int(shim), rank))
-        cmd = [sys.executable, "-m", "support.replica", "--rank", str(rank), "--world", str(world),
+        cmd = [sys.executable, "-m", module, "--rank", str(rank), "--world", str(world),
                "--port", str(port), "--scenarios", json.dumps(scenarios), "--out", str(out)]
         log = open(str(out) + ".log", "w")
-        procs.append((subprocess.Popen(cmd, env=child_env(shim), stdout=log, stderr=subprocess.STDOUT, cwd=TESTS),
+        procs.append((subprocess.Popen(cmd, env=child_env(shim, extra_env), stdout=log, stderr=subprocess.STDOUT, cwd=TESTS),
                       out, log))
     results = {}
     try:
