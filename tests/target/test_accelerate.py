@@ -187,3 +187,52 @@ def test_status_without_shim_reports_disabled_and_fails():
     table = _status(False)
     assert table.returncode == 1
     assert "UNPROTECTED" in table.stdout
+
+
+# --------------------------------------------------------------------------- self-test driver
+_DRIVER_CHILD = r"""
+import json, sys, types, warnings
+warnings.simplefilter("ignore")
+import torch
+import accelerate.optimizer  # before the stand-in: accelerate sees no torch_xla, as on a CPU machine
+import tpu_closure_fix
+from tpu_closure_fix import _simulated_xla as sim, engine
+from tpu_closure_fix.integrations.accelerate import verify
+events = []
+def record(name, **info):
+    events.append("reduce_gradients(no grads)" if name == "reduce_gradients" and not info.get("grads") else name)
+sim.configure(1, 0)
+sim.recorder = record
+xm = sim.install()
+finding = engine.examine(("accelerate.optimizer", "AcceleratedOptimizer.step"))
+module = accelerate.optimizer
+target = types.SimpleNamespace(row=finding.site, module=module, owner=module.AcceleratedOptimizer,
+                               attribute="step", function=vars(module.AcceleratedOptimizer)["step"])
+verify.event_step(target, torch, xm, events)
+print(json.dumps({"verdict": finding.verdict, "events": events}))
+"""
+
+
+def _driver_events(shim):
+    proc = subprocess.run([sys.executable, "-c", _DRIVER_CHILD], env=child_env(shim), cwd=REPO,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_self_test_driver_sees_the_fixed_order_with_the_shim():
+    """integrations/accelerate/verify.event_step drives the row's step: closure, then the reduction."""
+    result = _driver_events(True)
+    assert result["verdict"] == "patched"
+    assert result["events"] == ["forward", "backward", "reduce_gradients", "step"]
+
+
+def test_self_test_driver_sees_the_bug_without_the_shim():
+    """The twin: the release's order -- a reduction before the gradients exist (<= 0.27), or none of
+    the closure's gradients at all (>= 0.28)."""
+    result = _driver_events(False)
+    assert result["verdict"] == "disabled"
+    if RELEASE < Version("0.28.0"):
+        assert result["events"] == ["reduce_gradients(no grads)", "forward", "backward", "step"]
+    else:
+        assert result["events"] == ["forward", "backward", "step"]
