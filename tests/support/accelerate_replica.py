@@ -19,8 +19,10 @@ Scenarios (JSON dicts): ``optimizer`` (sgd/adam/lbfgs), ``steps``, and
 ``accumulate`` (``Accelerator(gradient_accumulation_steps=N)`` and
 ``accelerator.accumulate``: the first N-1 micro-batches backward and
 ``step()`` -- a micro-step, no optimizer step -- the last one steps with a
-closure). For each it writes the stand-in's event log, the flattened
-parameters after every step and (rank 0) the plain-PyTorch reference.
+closure), ``synccheck`` (N: ``tpu_closure_fix.check_sync(model, step, every=N)``
+after each step). For each it writes the stand-in's event log, the flattened
+parameters after every step, the SyncCheck reports and (rank 0) the
+plain-PyTorch reference.
 """
 import argparse
 import json
@@ -117,7 +119,7 @@ def run_scenario(scenario, rank, world):
     optimizer = harness.make_optimizer(scenario["optimizer"], model.parameters())
     model, optimizer = accelerator.prepare(model, optimizer)
     data = harness.batches(rank, scenario["steps"], acc)
-    trajectory = []
+    trajectory, checks = [], []
 
     def loss_of(x, y):
         return torch.nn.functional.mse_loss(model(x), y)
@@ -152,7 +154,20 @@ def run_scenario(scenario, rank, world):
                 optimizer.step()
             optimizer.zero_grad()
         trajectory.append(harness.flat(list(model.parameters())))
-    return {"params": trajectory, "distributed_type": str(accelerator.distributed_type)}
+        if scenario.get("synccheck"):
+            _check_sync(model, step + 1, scenario["synccheck"], checks)
+    return {"params": trajectory, "distributed_type": str(accelerator.distributed_type), "synccheck": checks}
+
+
+def _check_sync(model, step, every, checks):
+    """tpu_closure_fix.check_sync after an optimizer step, as a user's accelerate loop would call it."""
+    from tpu_closure_fix import check_sync
+
+    xla_standin.record("synccheck")
+    warnings_seen = []
+    report = check_sync(model, step, every=every, on_divergence=lambda r: warnings_seen.append(r.message()))
+    if report is not None:
+        checks.append({"report": report.as_dict(), "warnings": warnings_seen})
 
 
 def site_state():

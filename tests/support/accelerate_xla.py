@@ -23,8 +23,9 @@ call, following torch_xla 2.1's documented behaviour on a CPU PJRT device:
   scenario cannot silently depend on them.
 
 ``all_reduce`` is recorded in the stand-in's event log (``("all_reduce",
-{"tensors": n})`` for a list, ``{"scalar": True}`` for one tensor), so tests
-can count the reductions that follow each closure evaluation.
+{"tensors": n})`` for a list of gradients, ``{"numel": n}`` for one tensor,
+e.g. the lockstep loss), so tests can count the reductions that follow each
+closure evaluation.
 """
 import sys
 import types
@@ -77,7 +78,7 @@ def _recording_all_reduce(simulated):
         if isinstance(inputs, list):
             xla_standin.record("all_reduce", tensors=len(inputs))
         else:
-            xla_standin.record("all_reduce", scalar=True)
+            xla_standin.record("all_reduce", numel=inputs.numel())
         return simulated(reduce_type, inputs, scale=scale, groups=groups, pin_layout=pin_layout)
 
     all_reduce.__wrapped_simulation__ = simulated

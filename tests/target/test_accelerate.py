@@ -20,6 +20,7 @@ then ``step()``) was right already and must be identical in both runs.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -44,15 +45,73 @@ CLOSURE_SCENARIOS = [
 ] + ([{"name": "accumulate", "optimizer": "sgd", "steps": 2, "accumulate": 2}] if ACCUMULATION else [])
 NO_CLOSURE = {"name": "no-closure", "optimizer": "sgd", "steps": 3, "closure": False}
 NAMES = [s["name"] for s in CLOSURE_SCENARIOS]
+#: SGD with a closure and tpu_closure_fix.check_sync(model, step, every=1) after each step.
+SYNCCHECK = {"name": "synccheck", "optimizer": "sgd", "steps": 3, "synccheck": 1}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """{shim: {rank: result}}: one launch of 2 replicas per shim mode, every scenario in it."""
-    scenarios = CLOSURE_SCENARIOS + [NO_CLOSURE]
-    return {shim: run_replicas(scenarios, shim, tmp_path_factory.mktemp("accelerate"),
-                               module="support.accelerate_replica")
-            for shim in (True, False)}
+    """{shim: {rank: result}}: one launch of 2 replicas per shim mode, every scenario in it; the
+    summary scripts/matrix.py aggregates is written from it."""
+    scenarios = CLOSURE_SCENARIOS + [NO_CLOSURE, SYNCCHECK]
+    out = {shim: run_replicas(scenarios, shim, tmp_path_factory.mktemp("accelerate"),
+                              module="support.accelerate_replica")
+           for shim in (True, False)}
+    os.makedirs(results_dir(), exist_ok=True)
+    with open(summary_path(), "w") as handle:
+        json.dump(summarize(out), handle, indent=1, sort_keys=True)
+    return out
+
+
+def results_dir():
+    return os.environ.get("TPU_CLOSURE_FIX_RESULTS") or os.path.join(REPO, "results")
+
+
+def summary_path():
+    return os.path.join(results_dir(), re.sub(r"[^A-Za-z0-9.+_-]+", "-", TARGET) + ".json")
+
+
+def _max_diff(a, b):
+    return max(abs(x - y) for step_a, step_b in zip(a, b) for x, y in zip(step_a, step_b))
+
+
+def summarize(runs):
+    """The matrix summary (the keys test_replicas writes for Lightning targets)."""
+    scenarios = {}
+    for spec in CLOSURE_SCENARIOS + [NO_CLOSURE, SYNCCHECK]:
+        name = spec["name"]
+        with_shim, without = [[_params(runs, shim, rank, name) for rank in (0, 1)] for shim in (True, False)]
+        scenarios[name] = {
+            "steps": len(with_shim[0]),
+            "bug_can_occur": spec.get("closure", True),
+            "divergence_with_shim": _max_diff(*with_shim),
+            "divergence_without_shim": _max_diff(*without),
+            "reference_diff_with_shim": _max_diff(with_shim[0], _reference(runs, name)),
+            "reference_diff_without_shim": _max_diff(without[0], _reference(runs, name)),
+        }
+    values = scenarios.values()
+    return {
+        "target": TARGET,
+        "lightning": None,
+        "framework": "accelerate %s" % runs[True][0]["accelerate"],
+        "scenarios_run": list(scenarios),
+        "not_applicable": {} if ACCUMULATION else {
+            "accumulate": "accelerate < 0.28 raises 'Gradient accumulation is not supported on TPU'"},
+        "replicas": 2,
+        "steps_compared": sum(s["steps"] for s in values),
+        "max_divergence_with_shim": max(s["divergence_with_shim"] for s in values),
+        "max_divergence_without_shim": max(s["divergence_without_shim"] for s in values),
+        "max_reference_diff_with_shim": max(s["reference_diff_with_shim"] for s in values),
+        "scenarios": scenarios,
+        "sites": {"with_shim": runs[True][0]["site"], "without_shim": runs[False][0]["site"]},
+    }
+
+
+def test_summary_written(runs):
+    with open(summary_path()) as handle:
+        summary = json.load(handle)
+    assert summary["target"] == TARGET and summary["max_reference_diff_with_shim"] == 0.0
+    assert summary["max_divergence_without_shim"] > 0.0
 
 
 def _params(runs, shim, rank, name):
@@ -103,7 +162,7 @@ def _reductions_after_each_evaluation(events):
         elif name in ("step", "micro_step"):
             counts.append(None)  # separates evaluations of different steps
         elif counts and counts[-1] is not None and (
-                name == "reduce_gradients" or (name == "all_reduce" and not info.get("scalar"))):
+                name == "reduce_gradients" or (name == "all_reduce" and "tensors" in info)):
             counts[-1] += 1
     return [c for c in counts if c is not None]
 
@@ -126,7 +185,7 @@ def test_lbfgs_replicas_evaluate_the_closure_equally_often(runs):
     for rank in (0, 1):
         events = runs[True][rank]["scenarios"]["lbfgs"]["events"]
         evaluations = sum(1 for name, _ in events if name == "closure")
-        scalars = sum(1 for name, info in events if name == "all_reduce" and info.get("scalar"))
+        scalars = sum(1 for name, info in events if name == "all_reduce" and info.get("numel") == 1)
         assert evaluations == scalars > 0
         counts.append(evaluations)
     assert counts[0] == counts[1]
@@ -140,6 +199,22 @@ def test_no_closure_path_is_untouched(runs):
         with_shim, without = runs[True][rank]["scenarios"][name], runs[False][rank]["scenarios"][name]
         assert with_shim["events"] == without["events"]
         assert with_shim["params"] == without["params"] == _reference(runs, name)
+
+
+def test_check_sync_in_an_accelerate_loop_finds_replicas_in_sync_with_the_shim(runs):
+    for rank in (0, 1):
+        checks = runs[True][rank]["scenarios"]["synccheck"]["synccheck"]
+        assert [c["report"]["step"] for c in checks] == [1, 2, 3]
+        assert all(c["report"]["world_size"] == 2 and c["report"]["backend"] == "xla" for c in checks)
+        assert not any(c["report"]["diverged"] or c["warnings"] for c in checks)
+
+
+def test_check_sync_in_an_accelerate_loop_reports_divergence_without_the_shim(runs):
+    """The twin: the first step already applied each replica's own gradients."""
+    for rank in (0, 1):
+        checks = runs[False][rank]["scenarios"]["synccheck"]["synccheck"]
+        assert [c["report"]["step"] for c in checks] == [1, 2, 3]
+        assert all(c["report"]["diverged"] and len(c["warnings"]) == 1 for c in checks)
 
 
 @defined_where(ACCUMULATION)
