@@ -1,12 +1,17 @@
 #!/usr/bin/env python
-"""Generate README.md's support table from the call-site table and the matrix results.
+"""Generate the support tables from the call-site table and the matrix results.
 
 Usage::
 
-    python scripts/support_table.py                  # rewrite the table in README.md
-    python scripts/support_table.py --check          # exit 1 if README's table is out of date
+    python scripts/support_table.py                  # rewrite docs/support.md's table and README's summary
+    python scripts/support_table.py --check          # exit 1 if either is out of date
     python scripts/support_table.py --update-results # copy results/matrix.json -> docs/matrix-results.json, then rewrite
-    python scripts/support_table.py --print          # print the table only
+    python scripts/support_table.py --print          # print the full table only
+
+Two generated blocks: the full table in docs/support.md (one row per call-site
+row, with its matrix evidence) and README.md's compact summary (framework x
+release range x verdict: consecutive rows of one package with the same verdict
+merged into one range, and how many matrix targets passed on them).
 
 One row per entry of ``tpu_closure_fix.sites.CALL_SITES``: release range,
 call site (module:Class.method), verdict (patched / fixed upstream / inherits),
@@ -29,10 +34,13 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 README = os.path.join(REPO, "README.md")
+SUPPORT = os.path.join(REPO, "docs", "support.md")
 DOCS_RESULTS = os.path.join(REPO, "docs", "matrix-results.json")
 RUN_RESULTS = os.path.join(REPO, "results", "matrix.json")
 START = "<!-- support-table:start -->"
 END = "<!-- support-table:end -->"
+SUMMARY_START = "<!-- support-summary:start -->"
+SUMMARY_END = "<!-- support-summary:end -->"
 
 sys.path.insert(0, REPO)
 
@@ -168,12 +176,62 @@ def build_table(results):
     return "\n".join(lines)
 
 
+def _bounds(specifier):
+    """(lower, upper) of a ``>=a,<b`` / ``>=a`` specifier (None where open)."""
+    lower = upper = None
+    for part in specifier.split(","):
+        part = part.strip()
+        if part.startswith(">="):
+            lower = part[2:]
+        elif part.startswith("<"):
+            upper = part[1:]
+    return lower, upper
+
+
+def _summary_verdict(site):
+    if site.fix is None:
+        return "fixed upstream (verified, untouched)"
+    if site.integration == "torch_xla":
+        return "guarded: any closure passed in `optimizer_args`"
+    return "**affected: patched**"
+
+
+def build_summary(results):
+    """README's compact table: one line per package and verdict range."""
+    from tpu_closure_fix.sites import CALL_SITES
+
+    targets = results.get("targets") or {}
+    by_package = {}  # package -> [[integration, package, lower, upper, verdict, variants]], in table order
+    for site in CALL_SITES:
+        if site.inherits:
+            continue
+        lower, upper = _bounds(site.releases)
+        verdict = _summary_verdict(site)
+        ranges = by_package.setdefault(site.package, [])
+        last = ranges[-1] if ranges else None
+        if last and last[4] == verdict and last[3] == lower:
+            last[3] = upper
+            last[5].append(site.variant)
+        else:
+            ranges.append([site.integration, site.package, lower, upper, verdict, [site.variant]])
+    groups = [group for ranges in by_package.values() for group in ranges]
+    lines = ["| framework | package | releases | verdict | matrix targets passing |", "|---|---|---|---|---|"]
+    for integration, package, lower, upper, verdict, variants in groups:
+        names = sorted(name for name, target in targets.items()
+                       if any(r.get("variant") in variants for r in target.get("status") or []))
+        passed = sum(1 for name in names if targets[name].get("verdict") == "pass")
+        releases = ">= %s" % lower + (", < %s" % upper if upper else "")
+        lines.append("| %s | `%s` | %s | %s | %s |" % (integration, package, releases, verdict,
+                                                      "%d/%d" % (passed, len(names)) if names else "-"))
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- README
-def splice(readme_text, table):
-    block = "%s\n%s\n%s" % (START, table, END)
-    if START in readme_text and END in readme_text:
-        head = readme_text[:readme_text.index(START)]
-        tail = readme_text[readme_text.index(END) + len(END):]
+def splice(readme_text, table, start=START, end=END):
+    block = "%s\n%s\n%s" % (start, table, end)
+    if start in readme_text and end in readme_text:
+        head = readme_text[:readme_text.index(start)]
+        tail = readme_text[readme_text.index(end) + len(end):]
         return head + block + tail
     sep = "" if readme_text.endswith("\n\n") or not readme_text else ("\n" if readme_text.endswith("\n") else "\n\n")
     return readme_text + sep + block + "\n"
@@ -181,12 +239,13 @@ def splice(readme_text, table):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if README.md's table is out of date")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a generated table is out of date")
     parser.add_argument("--update-results", action="store_true",
                         help="copy %s to %s (trimmed) first" % (os.path.relpath(RUN_RESULTS, REPO),
                                                                 os.path.relpath(DOCS_RESULTS, REPO)))
     parser.add_argument("--results", default=DOCS_RESULTS, help="matrix results to read (default docs/matrix-results.json)")
     parser.add_argument("--readme", default=README)
+    parser.add_argument("--support", default=SUPPORT)
     parser.add_argument("--print", action="store_true", help="print the table, touch nothing")
     args = parser.parse_args(argv)
 
@@ -199,24 +258,29 @@ def main(argv=None):
             handle.write("\n")
         print("wrote %s" % os.path.relpath(DOCS_RESULTS, REPO))
 
-    table = build_table(load_results(args.results))
+    results = load_results(args.results)
+    table = build_table(results)
     if args.print:
         print(table)
         return 0
-    current = open(args.readme).read() if os.path.exists(args.readme) else ""
-    updated = splice(current, table)
+    outdated = []
+    for path, block, start, end in ((args.support, table, START, END),
+                                    (args.readme, build_summary(results), SUMMARY_START, SUMMARY_END)):
+        current = open(path).read() if os.path.exists(path) else ""
+        updated = splice(current, block, start, end)
+        if updated == current:
+            continue
+        outdated.append(os.path.relpath(path, REPO))
+        if not args.check:
+            with open(path, "w") as handle:
+                handle.write(updated)
     if args.check:
-        if updated != current:
-            print("README.md support table is out of date: run python scripts/support_table.py", file=sys.stderr)
+        if outdated:
+            print("out of date: %s: run python scripts/support_table.py" % ", ".join(outdated), file=sys.stderr)
             return 1
-        print("README.md support table is up to date")
+        print("support tables are up to date")
         return 0
-    if updated != current:
-        with open(args.readme, "w") as handle:
-            handle.write(updated)
-        print("updated %s" % os.path.relpath(args.readme, REPO))
-    else:
-        print("README.md support table already up to date")
+    print("updated %s" % (", ".join(outdated) or "nothing (already up to date)"))
     return 0
 
 

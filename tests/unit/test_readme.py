@@ -1,4 +1,4 @@
-"""README's support table is generated from the call-site table (and stored matrix results), never typed."""
+"""README: short, names both commands, links what moved to docs/; the support tables are generated, never typed."""
 import os
 import subprocess
 import sys
@@ -18,3 +18,15 @@ def test_readme_names_both_commands_and_ci_runs_the_test_command():
     assert "bash scripts/main.sh" in head and "bash scripts/test.sh" in head
     with open(os.path.join(REPO, ".ci", "run")) as handle:
         assert "bash scripts/test.sh" in handle.read()
+
+
+def test_readme_is_short_and_its_links_exist():
+    with open(os.path.join(REPO, "README.md")) as handle:
+        text = handle.read()
+    assert len(text.encode("utf-8")) <= 15 * 1024, "README.md is %d bytes: keep it <= 15 KB" % len(text.encode())
+    import re
+
+    links = re.findall(r"\]\(([^)#]+)\)", text)
+    assert links
+    missing = [link for link in links if "://" not in link and not os.path.exists(os.path.join(REPO, link))]
+    assert not missing, missing
