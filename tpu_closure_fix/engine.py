@@ -176,8 +176,14 @@ def _examine(key, module=None):
             return _unknown_release(rows, package, release, None, attr)
         return Finding(SKIPPED, owner, site, release, None)
     note = ""
-    if site is None:
-        site, note = _same_code_row(rows, owner, attr, release)
+    if site is None and not _package_knows(package, release):  # a release no row of its package names
+        if all(row.inherits for row in rows):
+            resolved = _resolved(owner, attr)
+            if resolved is not None and is_ours(resolved[1]):
+                return Finding(PATCHED, "via %s.%s.%s (%s not in the table)" % (
+                    resolved[0].__module__, resolved[0].__name__, attr, release), rows[-1], release, None)
+        else:
+            site, note = _same_code_row(rows, owner, attr, release)
     if site is None:
         return _unknown_release(rows, package, release, owner, attr)
     if site.inherits:
@@ -201,15 +207,22 @@ def _examine(key, module=None):
     return Finding(PATCHABLE, note, site, release, (owner, attr, current))
 
 
+def _package_knows(package, release):
+    return any(in_range(release, row.releases) for row in _sites.CALL_SITES if row.package == package)
+
+
+def _resolved(cls, attr):
+    """(defining class, attribute) of what ``cls.attr`` resolves to through the MRO, or None."""
+    owner = next((klass for klass in getattr(cls, "__mro__", ()) if attr in vars(klass)), None)
+    return (owner, vars(owner)[attr]) if owner is not None else None
+
+
 def _same_code_row(rows, owner, attr, release):
     """(row, note) for a release no row names whose code is identical to a row's known release.
 
-    Only rows with a fix and recorded fingerprints take part; an inheriting row
-    follows its base (the base decides, by the same rule). Returns (None, "")
+    Only rows with a fix and recorded fingerprints take part. Returns (None, "")
     when nothing is identical, or when the code has no source to compare.
     """
-    if all(row.inherits for row in rows):
-        return rows[-1], ""
     candidates = [row for row in rows if row.fix is not None and row.fingerprints]
     current = _defined(owner, attr)
     if not candidates or current is None:
@@ -227,7 +240,7 @@ def _same_code_row(rows, owner, attr, release):
 
 
 def _unknown_release(rows, package, release, owner, attr):
-    if any(in_range(release, row.releases) for row in _sites.CALL_SITES if row.package == package):
+    if _package_knows(package, release):
         if not _has_buggy_shape(owner, attr, rows):
             return Finding(ABSENT, "", None, release, None)
         # Another site of this package knows the release, but this code still holds the buggy call:

@@ -42,7 +42,7 @@ THREADS = textwrap.dedent(
 
     import torch
     N, CALLS = 8, 150
-    results = {"patched": 0, "original": 0, "bad": [], "errors": [], "toggles": 0}
+    results = {"patched": 0, "original": 0, "guarded": 0, "bad": [], "errors": [], "toggles": 0}
     lock = threading.Lock()
     start = threading.Barrier(N + 1)
     stop = threading.Event()
@@ -70,6 +70,11 @@ THREADS = textwrap.dedent(
                     results["patched"] += 1
                 elif log == ["reduce", "closure"]:
                     results["original"] += 1
+                elif log == ["closure", "reduce"]:
+                    # the site's wrapper read "off", then the torch_xla guard under it read "on" (a toggle in
+                    # between): the original site's xm.optimizer_step call went through the guard, which
+                    # reduces after the closure (barrier=False, as that call passes): still a right order
+                    results["guarded"] += 1
                 else:
                     results["bad"].append(log)
 
@@ -89,7 +94,8 @@ THREADS = textwrap.dedent(
     stop.set(); racer.join()
     tpu_closure_fix.enable()
     results["depth_after"] = p.site_depth()
-    results["calls"] = results["patched"] + results["original"] + len(results["bad"]) + len(results["errors"])
+    results["calls"] = (results["patched"] + results["original"] + results["guarded"] + len(results["bad"])
+                        + len(results["errors"]))
     p.emit(**results)
     """
 )
@@ -112,7 +118,7 @@ def run(tmp_path, code, python=None, pythonpath=(), env=None, argv=None):
 def test_threads_and_enable_disable_race(tmp_path):
     out, proc = run(tmp_path, THREADS, pythonpath=[REPO])
     assert out["errors"] == [] and out["bad"] == [], out
-    assert out["patched"] + out["original"] == out["calls"] >= 8 * 150
+    assert out["patched"] + out["original"] + out["guarded"] == out["calls"] >= 8 * 150
     assert out["patched"] > 0 and out["original"] > 0 and out["toggles"] >= 6, out  # both really exercised
     assert out["depth_after"] == 1
     # Re-enabling after steps ran with the shim off is the "enabled late" case: exactly one warning.

@@ -198,3 +198,13 @@ def test_unknown_release_is_left_untouched_and_reported():
     assert skipped and all("unknown release 99.0.0" in r["reason"] for r in skipped), out["status"]
     assert not [r for r in out["status"] if r["verdict"] == "patched"]
     assert out["warnings"] and all("unknown release 99.0.0" in w for w in out["warnings"])
+
+
+def test_loaded_code_has_the_fingerprint_recorded_in_its_row():
+    """The code-identity rule patches a release no row names only when its code's fingerprint equals one
+    recorded in a row: those must be the fingerprints of the code this target really loads (checked by
+    scripts/fingerprints.py against the table, in a subprocess with the target's code imported)."""
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "fingerprints.py"), "check", TARGET],
+                          capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "fingerprints check: ok" in proc.stdout

@@ -91,3 +91,22 @@ def test_every_integration_declares_its_rows_and_packages():
         tops = {site.package.split(".")[0] for site in integration.CALL_SITES}
         assert tops <= integration.PACKAGES, (integration.NAME, tops - integration.PACKAGES)
     assert sites.CALL_SITES == tuple(site for integration in loaded for site in integration.CALL_SITES)
+
+
+def test_recorded_fingerprints_agree_with_the_measured_releases():
+    """Each row's (release, fingerprint) pairs are those measured from the wheels (docs/fingerprints.json),
+    one per distinct code, and every fixed Lightning row has at least one."""
+    import json
+    import os
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "docs",
+                           "fingerprints.json")) as handle:
+        measured = json.load(handle)
+    for site in sites.CALL_SITES:
+        if site.integration != "lightning" or site.fix is None:
+            continue
+        assert site.fingerprints, site.variant
+        assert len({fp for _, fp in site.fingerprints}) == len(site.fingerprints), site.variant
+        for release, fingerprint in site.fingerprints:
+            assert measured[site.variant][release] == fingerprint, (site.variant, release)
+        assert {fp for _, fp in site.fingerprints} == set(measured[site.variant].values()), site.variant

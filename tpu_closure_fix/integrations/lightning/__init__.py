@@ -20,10 +20,35 @@ NAME = "lightning"
 PACKAGES = frozenset(("pytorch_lightning", "lightning", "lightning_lite", "lightning_fabric"))
 
 
+#: Code fingerprints (:mod:`tpu_closure_fix.identity`) of each fixed row's known code: one
+#: ``(release, fingerprint)`` pair per distinct code, named by the newest release that has it.
+#: Measured from the released wheels by ``python scripts/fingerprints.py`` (every release of each
+#: range; docs/fingerprints.json holds them per release); a test checks them against that file and,
+#: in the release matrix, against the loaded code.
+FINGERPRINTS = {
+    "pl-1.2.0": (("1.2.2", "sha256:b45ca96081378e9d"),),
+    "pl-1.2.3": (("1.2.7", "sha256:219d54974ee7349e"),),
+    "pl-1.2.8": (("1.2.10", "sha256:5a1a985b8d6b3495"),),
+    "pl-1.3": (("1.3.8", "sha256:268bb6f7cc0a9f29"),),
+    "pl-1.4": (("1.4.9", "sha256:268bb6f7cc0a9f29"),),
+    "pl-1.5": (("1.5.10.post0", "sha256:901aededd375c714"),),
+    "pl-1.6": (("1.6.4", "sha256:57954283a281a8cd"), ("1.6.5.post0", "sha256:eb84e582c74f60d2")),
+    "pl-1.7": (("1.7.7", "sha256:6e820f3821fdc03c"),),
+    "pl-1.8": (("1.8.6", "sha256:d6b09a497b671e1e"),),
+    "lightning-1.8": (("1.8.6", "sha256:d6b09a497b671e1e"),),
+    "lite-1.8": (("1.8.6", "sha256:7f423218dcd724d6"),),
+    "lightning-lite-1.8": (("1.8.6", "sha256:7f423218dcd724d6"),),
+    "fabric-1.9": (("2.0.9", "sha256:7f423218dcd724d6"),),
+    "lightning-fabric-1.9": (("2.0.0", "sha256:7f423218dcd724d6"),),
+    "fabric-2.1": (("2.1.4", "sha256:6dbeb102b5d4fecd"), ("2.6.6", "sha256:9133ab807b8a63a7")),
+    "lightning-fabric-2.1": (("2.1.0", "sha256:6dbeb102b5d4fecd"), ("2.6.6", "sha256:9133ab807b8a63a7")),
+}
+
+
 def _site(variant, package, distribution, module, qualname, releases, shape=None, fix=None, inherits=None,
           note=""):
     return make_site(variant, NAME, package, distribution, module, qualname, releases, shape, fix, inherits,
-                     note=note)
+                     fingerprints=FINGERPRINTS.get(variant, ()), note=note)
 
 
 # --- shapes ------------------------------------------------------------------
