@@ -52,8 +52,23 @@ XLA_XR = Shape(PARAMS, varkw=False, requires=_XLA_STEP + ("xr", "world_size"),
                forbids=_NOT_FIXED + ("optimizer_step", "optimizer_args", "xrt_world_size"))
 
 
+#: Code fingerprints (:mod:`tpu_closure_fix.identity`) of each row's known code, one ``(release,
+#: fingerprint)`` pair per distinct code, named by the newest release read that has it. Measured by
+#: ``python scripts/fingerprints.py wheels`` from the 36 closure-taking wheels read (not every
+#: release; docs/fingerprints.json lists them per release). 0.21.0 and 0.22.0 changed only the scaler branch.
+FINGERPRINTS = {
+    "accelerate-0.4": (("0.5.1", "sha256:05ba936f9527a4b2"),),
+    "accelerate-0.6": (("0.10.0", "sha256:90d54cfc8ccfec29"),),
+    "accelerate-0.11": (("0.20.3", "sha256:8306a2f6a6537970"), ("0.21.0", "sha256:03370a90194583e2"),
+                        ("0.27.2", "sha256:378a8f66ea8a439d")),
+    "accelerate-0.28": (("0.29.3", "sha256:b0fdce55d3656a41"), ("1.6.0", "sha256:59b2457bd134540c")),
+    "accelerate-1.7": (("1.15.0", "sha256:99a5512f038b56d2"),),
+}
+
+
 def _site(variant, releases, shape, fix, note=""):
-    return make_site(variant, NAME, "accelerate", DISTRIBUTION, MODULE, QUALNAME, releases, shape, fix, note=note)
+    return make_site(variant, NAME, "accelerate", DISTRIBUTION, MODULE, QUALNAME, releases, shape, fix,
+                     fingerprints=FINGERPRINTS[variant], note=note)
 
 
 CALL_SITES = (
