@@ -1,7 +1,9 @@
 """Cost of the shim on ``import pytorch_lightning`` (pytorch-lightning 1.8.6 target): enabled vs disabled.
 
+``--framework accelerate`` measures ``import accelerate`` (accelerate 1.15.0 target) instead.
+
 Each pair starts two interpreters of the base venv (.cache/venv, where the wheel's
-.pth auto-enable is installed) with the 1.8.6 target on PYTHONPATH, one with
+.pth auto-enable is installed) with the framework's target on PYTHONPATH, one with
 ``TPU_CLOSURE_FIX=1`` and one with ``TPU_CLOSURE_FIX=0`` (order alternating), and
 times ``import pytorch_lightning`` inside the process (start-up excluded). The
 enabled arm includes the shim's whole activation: wrapt, the engine, the post-import
@@ -16,6 +18,7 @@ first: their per-lookup cost times the imports Lightning does).
 
     python benchmarks/bench_import.py            # 30 pairs (after 1 warm-up pair)
     python benchmarks/bench_import.py --smoke    # 2 pairs (CI)
+    python benchmarks/bench_import.py --framework accelerate   # import accelerate (1.15.0 target)
 """
 import argparse
 import json
@@ -28,30 +31,45 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _stats import summary  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TARGET = os.path.join(REPO, ".cache", "targets", "pytorch-lightning-1.8.6")
-CODE = ("import time, warnings; warnings.simplefilter('ignore'); t = time.perf_counter(); import pytorch_lightning; "
-        "t = time.perf_counter() - t; import sys; "
-        "m = sys.modules.get('pytorch_lightning.plugins.precision.tpu'); "
-        "print(t, type(vars(m.TPUPrecisionPlugin)['optimizer_step']).__name__)")
+#: framework -> (target install command, target folder, the import timed, module, class, method patched)
+FRAMEWORKS = {
+    "lightning": ("pytorch-lightning==1.8.6", "pytorch-lightning-1.8.6", "pytorch_lightning",
+                  "pytorch_lightning.plugins.precision.tpu", "TPUPrecisionPlugin", "optimizer_step"),
+    "accelerate": ("accelerate==1.15.0", "accelerate-1.15.0", "accelerate", "accelerate.optimizer",
+                   "AcceleratedOptimizer", "step"),
+}
+TARGET = IMPORT = CODE = None
 
 
-SHARE_CODE = r"""
+def select(framework):
+    """Point TARGET / IMPORT / CODE / SHARE_CODE at ``framework`` (see FRAMEWORKS)."""
+    global TARGET, IMPORT, CODE, SHARE_CODE
+    _, folder, IMPORT, module, cls, method = FRAMEWORKS[framework]
+    TARGET = os.path.join(REPO, ".cache", "targets", folder)
+    CODE = ("import time, warnings; warnings.simplefilter('ignore'); t = time.perf_counter(); import %s; "
+            "t = time.perf_counter() - t; import sys; m = sys.modules.get(%r); "
+            "print(t, type(vars(m.%s)[%r]).__name__)" % (IMPORT, module, cls, method))
+    SHARE_CODE = _SHARE_TEMPLATE.replace("import pytorch_lightning", "import " + IMPORT)
+
+
+_SHARE_TEMPLATE = r"""
 import json, sys, time, warnings
 warnings.simplefilter("ignore")
 before = set(sys.modules)
 import tpu_closure_fix.engine as engine  # activates the shim, as the .pth watcher would at this import
 spent = [0.0]
 _patch_module = engine._patch_module
-def timed_patch_module(module):  # what each post-import hook does for a call-site module
+def timed_patch_module(module, *args):  # what each post-import hook does for a call-site module
     start = time.perf_counter()
     try:
-        return _patch_module(module)
+        return _patch_module(module, *args)
     finally:
         spent[0] += time.perf_counter() - start
 engine._patch_module = timed_patch_module
 start = time.perf_counter()
 import pytorch_lightning
 total = time.perf_counter() - start
+loaded = sorted(sys.modules)  # by the end of the timed import (status() below imports more)
 imported = len(set(sys.modules) - before)
 # the shim's finders sit at the front of sys.meta_path: every import asks them first
 from wrapt import importer
@@ -65,7 +83,7 @@ for finder in ours:
 per_import = (time.perf_counter() - start) / len(names)
 patched = sum(r["verdict"] == "patched" for r in __import__("tpu_closure_fix").status())
 print(json.dumps({"total": total, "patch": spent[0], "per_import": per_import, "imported": imported,
-                  "finders": len(ours), "patched": patched, "modules": sorted(sys.modules)}))
+                  "finders": len(ours), "patched": patched, "modules": loaded}))
 """
 
 
@@ -98,8 +116,8 @@ def modules_when_disabled(python):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env["PYTHONPATH"] = TARGET
     env["TPU_CLOSURE_FIX"] = "0"
-    code = "import json, sys, warnings; warnings.simplefilter('ignore'); import pytorch_lightning; " \
-           "print(json.dumps(sorted(sys.modules)))"
+    code = "import json, sys, warnings; warnings.simplefilter('ignore'); import %s; " \
+           "print(json.dumps(sorted(sys.modules)))" % IMPORT
     out = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     return set(json.loads(out.strip().splitlines()[-1]))
 
@@ -119,9 +137,12 @@ def main(argv=None):
     parser.add_argument("--share-runs", type=int, default=10, help="enabled runs for the in-process share")
     parser.add_argument("--python", default=os.path.join(REPO, ".cache", "venv", "bin", "python"))
     parser.add_argument("--smoke", action="store_true", help="2 pairs, for CI (figures not meaningful)")
+    parser.add_argument("--framework", choices=sorted(FRAMEWORKS), default="lightning",
+                        help="whose import to time (default lightning: pytorch-lightning 1.8.6)")
     args = parser.parse_args(argv)
+    select(args.framework)
     if not os.path.isdir(TARGET):
-        sys.exit("install the target first: python scripts/targets.py install pytorch-lightning==1.8.6")
+        sys.exit("install the target first: python scripts/targets.py install %s" % FRAMEWORKS[args.framework][0])
     pairs = 2 if args.smoke else args.pairs
     off, on = [], []
     for i in range(pairs + 1):
@@ -132,8 +153,8 @@ def main(argv=None):
             off.append(results[False])
             on.append(results[True])
     print("%d pairs" % pairs)
-    summary("import pytorch_lightning 1.8.6", off, on, "ms", scale=1e3, goal=None if args.smoke else 2.0,
-            relative=True)
+    summary("import %s (%s)" % (IMPORT, FRAMEWORKS[args.framework][0]), off, on, "ms", scale=1e3,
+            goal=None if args.smoke else 2.0, relative=True)
     disabled_modules = modules_when_disabled(args.python)
     runs = [share_once(args.python, disabled_modules) for _ in range(2 if args.smoke else args.share_runs)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}

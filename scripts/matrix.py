@@ -49,9 +49,9 @@ DEFAULT_RESULTS = os.path.join(REPO, "results")
 PYTEST_TIMEOUT = 1800
 
 #: --smoke: one target per call-site family (accelerator, Trainer plugin + Lite,
-#: fixed Trainer + Fabric TPUPrecision, Fabric XLAPrecision).
+#: fixed Trainer + Fabric TPUPrecision, Fabric XLAPrecision, accelerate's XLA step).
 SMOKE = ("pytorch-lightning==1.4.9", "pytorch-lightning==1.8.6", "pytorch-lightning==1.9.5",
-         "lightning-fabric==2.6.6")
+         "lightning-fabric==2.6.6", "accelerate==1.15.0")
 
 
 def load_targets():

@@ -171,6 +171,35 @@ TARGETS = {
     ],
 }
 
+# Hugging Face accelerate: one release per code shape of AcceleratedOptimizer.step around the
+# 0.27 -> 0.28 change (xm.optimizer_step -> fetch + all_reduce), and the newest.  Its requirements
+# plus huggingface_hub's (1.0.1's accelerator.py imports huggingface_hub at import time).
+_HUB_2024_02 = ["filelock==3.13.1", "fsspec==2024.2.0", "requests==2.31.0", "tqdm==4.66.2",
+                "idna==3.6", "charset-normalizer==3.3.2", "certifi==2024.2.2"]
+ACCELERATE_TARGETS = {
+    "accelerate==0.27.2": [
+        "accelerate==0.27.2", "huggingface-hub==0.20.3", "safetensors==0.4.2", "numpy==1.26.4",
+        "packaging==23.2", "psutil==5.9.8", "PyYAML==6.0.1", "urllib3==2.2.0",
+    ] + _HUB_2024_02,
+    "accelerate==0.28.0": [
+        "accelerate==0.28.0", "huggingface-hub==0.21.4", "safetensors==0.4.2", "numpy==1.26.4",
+        "packaging==24.0", "psutil==5.9.8", "PyYAML==6.0.1", "urllib3==2.2.1",
+    ] + _HUB_2024_02,
+    "accelerate==1.0.1": [
+        "accelerate==1.0.1", "huggingface-hub==0.26.0", "safetensors==0.4.5", "numpy==2.1.2",
+        "packaging==24.1", "psutil==6.1.0", "PyYAML==6.0.2", "filelock==3.16.1", "fsspec==2024.10.0",
+        "requests==2.32.3", "tqdm==4.66.5", "urllib3==2.2.3", "idna==3.10", "charset-normalizer==3.4.0",
+        "certifi==2024.8.30",
+    ],
+    "accelerate==1.15.0": [
+        "accelerate==1.15.0", "huggingface-hub==2.4.0", "safetensors==0.8.0", "numpy==2.4.6",
+        "packaging==26.4", "psutil==7.2.2", "PyYAML==6.0.4", "filelock==4.3.1", "fsspec==2026.9.0",
+        "tqdm==4.70.1", "click==8.5.1", "hf-xet==1.8.0", "httpx2==2.16.2", "httpcore2==2.16.2",
+        "anyio==4.16.0", "h11==0.16.0", "idna==3.20", "certifi==2026.5.20", "truststore==0.10.5",
+    ],
+}
+TARGETS.update(ACCELERATE_TARGETS)
+
 # wrapt floor / ceiling, each on top of pytorch-lightning 1.8.6's pins.  The
 # wrapt pin lives in the target folder and so shadows the venv's wrapt.
 WRAPT_OLDEST = "wrapt==1.14.1"
@@ -229,6 +258,8 @@ MODULES = {
     "lightning-fabric==2.0.9": _FABRIC_TPU,
     "lightning-fabric==2.6.6": _FABRIC_XLA,
 }
+for _n in ACCELERATE_TARGETS:
+    MODULES[_n] = ["accelerate", "accelerate.optimizer", "accelerate.accelerator", "huggingface_hub"]
 for _w in (WRAPT_OLDEST, WRAPT_NEWEST):
     MODULES["pytorch-lightning==1.8.6+" + _w] = ["wrapt"] + MODULES["pytorch-lightning==1.8.6"]
 
@@ -252,6 +283,8 @@ for _n in TARGETS:
         TRAIN[_n] = ("lite", "from lightning_lite import LightningLite")
     elif _dist == "lightning-fabric":
         TRAIN[_n] = ("fabric", "from lightning_fabric import Fabric")
+    elif _dist == "accelerate":
+        TRAIN[_n] = ("accelerate", "from accelerate import Accelerator")
 
 
 class TargetError(RuntimeError):
@@ -532,6 +565,14 @@ L(accelerator="cpu", devices=1).run()
 print("trained lite")
 """
 
+_TRAIN_ACCELERATE = r"""
+accelerator = Accelerator(cpu=True)
+model = torch.nn.Linear(3, 1)
+model, opt = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+loop(accelerator, model, opt)
+print("trained accelerate")
+"""
+
 _TRAIN_FABRIC = r"""
 fabric = Fabric(accelerator="cpu", devices=1)
 model = torch.nn.Linear(3, 1)
@@ -546,7 +587,7 @@ def train_script(name: str) -> str:
     src = imp + "\n" + _TRAIN_COMMON
     if kind in _TRAIN_KW:
         return src + _TRAIN_KW[kind] + "\n" + _TRAIN_PL
-    return src + _TRAIN_LOOP + (_TRAIN_LITE if kind == "lite" else _TRAIN_FABRIC)
+    return src + _TRAIN_LOOP + {"lite": _TRAIN_LITE, "fabric": _TRAIN_FABRIC, "accelerate": _TRAIN_ACCELERATE}[kind]
 
 
 def train(name: str, root: Optional[os.PathLike] = None) -> str:

@@ -22,7 +22,8 @@ import sys
 # integration's PACKAGES. Must equal tpu_closure_fix.sites.top_level_packages()
 # (a test checks it); a literal copy, because importing the package here would
 # enable the shim in every interpreter.
-WATCHED_PACKAGES = frozenset(("pytorch_lightning", "lightning", "lightning_lite", "lightning_fabric", "torch_xla"))
+WATCHED_PACKAGES = frozenset(("pytorch_lightning", "lightning", "lightning_lite", "lightning_fabric", "accelerate",
+                              "torch_xla"))
 
 # Values of TPU_CLOSURE_FIX that disable the shim. Must equal
 # tpu_closure_fix.config.OFF_VALUES (a test checks it). Any other value is

@@ -20,6 +20,8 @@ expected parameters, and when the shim is switched off (``switch.on`` false).
 import inspect
 import sys
 
+from .lockstep import lockstep_loss
+
 XLA_MODEL = "torch_xla.core.xla_model"
 
 
@@ -90,14 +92,15 @@ def reduce_after(xm, optimizer, closure, reduce=None):
 
     The body of upstream's ``_tpu_wrap_closure``. ``reduce(optimizer)`` defaults
     to ``xm.reduce_gradients(optimizer)``. An exception from the closure
-    propagates before any reduction.
+    propagates before any reduction. An optimizer that branches on the result
+    gets the replica mean instead (:mod:`.lockstep`).
     """
     result = closure()
     if reduce is None:
         xm.reduce_gradients(optimizer)
     else:
         reduce(optimizer)
-    return result
+    return lockstep_loss(xm, optimizer, result)
 
 
 def bind(names, args, kwargs):

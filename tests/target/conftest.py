@@ -46,14 +46,23 @@ ONLY_ON = {
     "test_check.py": ("pytorch-lightning==1.4.9", "pytorch-lightning==1.5.10", "pytorch-lightning==1.8.6",
                       "pytorch-lightning==2.6.6",
                       "lightning-fabric==2.6.6"),
+    "test_accelerate.py": ("accelerate==0.27.2", "accelerate==0.28.0", "accelerate==1.0.1", "accelerate==1.15.0"),
+    # the LBFGS lockstep rule, through each kind of fix: Fabric's precision plugin and accelerate's step
+    "test_lockstep.py": ("lightning-fabric==2.6.6", "accelerate==1.15.0"),
 }
+
+#: Targets without Lightning: only the modules that list them in ONLY_ON run there.
+NOT_LIGHTNING = ("accelerate==",)
 
 
 def pytest_ignore_collect(collection_path, config):
     if not TARGET:
         return True
-    targets = ONLY_ON.get(os.path.basename(str(collection_path)))
-    return targets is not None and TARGET not in targets
+    name = os.path.basename(str(collection_path))
+    targets = ONLY_ON.get(name)
+    if targets is None:
+        return name.startswith("test_") and TARGET.startswith(NOT_LIGHTNING)
+    return TARGET not in targets
 
 
 def defined_where(condition):
@@ -125,18 +134,19 @@ def child_env(shim, extra=None, path_first=()):
     return env
 
 
-def run_replicas(scenarios, shim, tmp_path, world=REPLICAS, path_first=()):
-    """Run ``world`` replica processes (support.replica; hard timeout) and return rank -> result JSON.
+def run_replicas(scenarios, shim, tmp_path, world=REPLICAS, path_first=(), module="support.replica", extra_env=None):
+    """Run ``world`` replica processes (``module``: support.replica, or another driver with its command
+    line; hard timeout) and return rank -> result JSON.
 
     ``path_first``: folders put before everything else on the replicas' path (see child_env)."""
     from tpu_closure_fix.verify.child import run_children
 
     port = _free_port()
     outs = [str(tmp_path / ("shim%d-rank%d.json" % (int(shim), rank))) for rank in range(world)]
-    commands = [[sys.executable, "-m", "support.replica", "--rank", str(rank), "--world", str(world),
+    commands = [[sys.executable, "-m", module, "--rank", str(rank), "--world", str(world),
                  "--port", str(port), "--scenarios", json.dumps(scenarios), "--out", out]
                 for rank, out in enumerate(outs)]
-    runs = run_children(commands, TIMEOUT, env=child_env(shim, path_first=path_first), cwd=TESTS, result_files=outs)
+    runs = run_children(commands, TIMEOUT, env=child_env(shim, extra_env, path_first=path_first), cwd=TESTS, result_files=outs)
     for rank, run in enumerate(runs):
         if not run.ok:
             raise AssertionError("replica %d (shim=%s) %s:\n%s%s" % (rank, shim, run.error, run.stdout[-2000:],
