@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import TARGET, TESTS, child_env
+from conftest import REPO, TARGET, TESTS, child_env
 from support import expectations
 
 
