@@ -100,7 +100,7 @@ def unknown_release(sites):
         import tpu_closure_fix
 
         tpu_closure_fix.enable()
-    untouched = all(vars(cls)[attr] is original for cls, attr, original in loaded.values())
+    untouched = {"%s:%s" % key: vars(cls)[attr] is original for key, (cls, attr, original) in loaded.items()}
     return {"untouched": untouched, "loaded": len(loaded), "status": tpu_closure_fix.status(),
             "warnings": [str(w.message) for w in seen if w.category.__name__ == "TPUClosureFixWarning"]}
 

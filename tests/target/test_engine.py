@@ -106,13 +106,23 @@ def test_cli_table_via_console_script():
 
 
 def test_unknown_release_is_left_untouched_and_reported():
+    """A release newer than every row (99.0.0): a site whose code is identical to a known release's is
+    patched by code identity and says so; every other one is left untouched and reported, with a warning."""
     # TPU_CLOSURE_FIX=0 keeps the .pth auto-enable out of the way until the version is changed
     out = probe("unknown-release", env={"TPU_CLOSURE_FIX": "0"})
-    assert out["loaded"] and out["untouched"], out
+    assert out["loaded"], out
+    by_site = {"%s:%s" % (r["module"], r["method"]): r for r in out["status"]}
+    patched = [r for r in out["status"] if r["verdict"] == "patched"]
     skipped = [r for r in out["status"] if r["verdict"] == "skipped"]
-    assert skipped and all("unknown release 99.0.0" in r["reason"] for r in skipped), out["status"]
-    assert not [r for r in out["status"] if r["verdict"] == "patched"]
-    assert out["warnings"] and all("unknown release 99.0.0" in w for w in out["warnings"])
+    assert patched or skipped, out["status"]
+    assert all("99.0.0 not in the table" in r["reason"] for r in patched), patched
+    assert all("unknown release 99.0.0" in r["reason"] for r in skipped), skipped
+    for site, untouched in out["untouched"].items():
+        assert untouched == (by_site[site]["verdict"] != "patched"), (site, by_site[site])
+    if skipped:
+        assert out["warnings"] and all("unknown release 99.0.0" in w for w in out["warnings"]), out["warnings"]
+    else:
+        assert out["warnings"] == [], out["warnings"]
 
 
 def test_loaded_code_has_the_fingerprint_recorded_in_its_row():

@@ -1,0 +1,89 @@
+"""Verification driver for the torch_xla guard: one ``xm.optimizer_step`` call with a closure.
+
+Used by ``tpu-closure-fix check`` only (the patching code never imports it). The target is the
+guard's row: ``torch_xla.core.xla_model.optimizer_step``, looked up on the module at call time
+(what a caller's ``xm.optimizer_step(...)`` resolves: the guard when it is in place, the release's
+function when the shim is off). The step is a plain PyTorch loop's: a closure that runs forward,
+``zero_grad`` and backward, handed over as ``optimizer_args={"closure": closure}``.
+
+Entry points (the interface every integration's ``verify.py`` provides): :func:`event_step`,
+:func:`graph_step`, :func:`reference_fix`.
+"""
+
+
+def _step_function(target):
+    """``xm.optimizer_step`` as a caller resolves it now."""
+    return getattr(target.module, target.attribute)
+
+
+def event_step(target, torch, xm, events):
+    """One ``xm.optimizer_step(opt, optimizer_args={"closure": closure})`` with the recording stand-in;
+    appends ``forward``/``backward``/``step`` (the stand-in adds ``reduce_gradients``)."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    x, y = torch.randn(4, 3), torch.randn(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer.register_step_post_hook(lambda *args: events.append("step"))
+
+    def closure():
+        optimizer.zero_grad()
+        events.append("forward")
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        events.append("backward")
+        return loss
+
+    _step_function(target)(optimizer, optimizer_args={"closure": closure})
+
+
+def graph_step(target, harness):
+    """One plain-loop step on the harness's XLA device through ``xm.optimizer_step`` with a closure."""
+    from ...verify.graph import TracedStep
+
+    torch = harness.torch
+    net = harness.make_net(lambda: torch.nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(list(net.parameters()), lr=0.1)
+    x0, y0 = harness.batch(0)
+    x1, y1 = harness.batch(1)
+
+    def closure():
+        harness.record("training_step")
+        loss = torch.nn.functional.mse_loss(net(x1), y1)
+        harness.loss = loss
+        harness.record("zero_grad")
+        optimizer.zero_grad()
+        harness.record("backward")
+        loss.backward()
+        return loss
+
+    return TracedStep(
+        params=list(net.parameters()),
+        optimizer=optimizer,
+        warmup_loss=lambda: torch.nn.functional.mse_loss(net(x0), y0),
+        run=lambda: _step_function(target)(optimizer, optimizer_args={"closure": closure}),
+        route=["xm.optimizer_step(optimizer, optimizer_args={'closure': closure}) -> %s.%s"
+               % (target.module.__name__, target.attribute)],
+    )
+
+
+def reference_fix(target):
+    """Put the fixed order, written out by hand, in place of ``xm.optimizer_step``: the closure,
+    then ``reduce_gradients`` with the caller's groups and layout, then the step."""
+    module = target.module
+    release_reduce = module.reduce_gradients
+
+    def optimizer_step(optimizer, barrier=False, optimizer_args={}, groups=None, pin_layout=True):
+        step_args = dict(optimizer_args)
+        closure = step_args.pop("closure", None)
+        if closure is None:
+            release_reduce(optimizer, groups=groups, pin_layout=pin_layout)
+            return optimizer.step(**step_args)
+
+        def reduced_closure():
+            result = closure()
+            release_reduce(optimizer, groups=groups, pin_layout=pin_layout)
+            return result
+
+        return optimizer.step(closure=reduced_closure, **step_args)
+
+    setattr(module, target.attribute, optimizer_step)
