@@ -318,7 +318,7 @@ def _site_state(target):
 
     current = vars(target.owner).get(target.attribute) if target.owner is not None else target.function
     return {"impl": "%s.%s" % (target.owner.__module__, target.owner.__qualname__) if target.owner is not None
-            else target.module.__name__, "wrapped_by_shim": engine.is_ours(current)}
+            else "%s.%s" % (target.module.__name__, target.attribute), "wrapped_by_shim": engine.is_ours(current)}
 
 
 def _replica_main(mode, variant):
