@@ -31,6 +31,9 @@ pytest_step() {  # name, pytest args...
 echo "== 1/3 unit tests"
 pytest_step unit tests/unit --ignore=tests/unit/test_properties.py  # that one needs Lightning: below
 
+echo "== README's and the demo's commands, as written, in a fresh venv (tests/readme)"
+pytest_step readme tests/readme
+
 echo "== 2/3 release matrix (demo dependencies first: tests/target/test_demo.py needs them)"
 bash scripts/demo.sh --help >/dev/null || { echo "!! installing the demo dependencies failed"; status=1; }
 disk
