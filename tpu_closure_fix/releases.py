@@ -7,6 +7,7 @@ pytorch-lightning 1.9+ have no distribution of their own, and a ``PYTHONPATH``
 or vendored copy can shadow what pip installed. Metadata is used only to name
 the owning distribution in reports.
 """
+import os
 import sys
 
 from packaging.specifiers import SpecifierSet
@@ -27,7 +28,35 @@ def loaded_release(package):
         return version
     about = getattr(top, "__about__", None)
     version = getattr(about, "__version__", None)
-    return version if isinstance(version, str) and version else None
+    if isinstance(version, str) and version:
+        return version
+    return _release_while_initializing(top)
+
+
+def _release_while_initializing(top):
+    """The release of a top-level package whose ``__init__`` is still running, or None.
+
+    A call-site module can finish importing while its top-level package has not
+    yet set ``__version__`` (torch_xla 2.x imports ``xla_model`` before it reads
+    its ``version`` module). Then, and only then, the release comes from the
+    installed distribution of the same name -- if that distribution's files are
+    exactly the ones loaded (its ``<top>/__init__.py`` is the loaded module's
+    file), so a vendored or shadowing copy is never given another copy's release.
+    """
+    spec = getattr(top, "__spec__", None)
+    location = getattr(top, "__file__", None)
+    if not getattr(spec, "_initializing", False) or not location:
+        return None
+    try:
+        from importlib import metadata
+
+        dist = metadata.distribution(top.__name__)
+        installed = dist.locate_file("%s/__init__.py" % top.__name__)
+        if os.path.realpath(str(installed)) != os.path.realpath(location):
+            return None
+        return dist.version or None
+    except Exception:
+        return None
 
 
 def in_range(release, specifier):

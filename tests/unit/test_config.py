@@ -1,6 +1,7 @@
 """TPU_CLOSURE_FIX parsing, and the startup module's copy of the switch and package list."""
 import importlib.util
 import os
+import sys
 import warnings
 
 import pytest
@@ -59,3 +60,24 @@ def test_startup_module_switch(raw, disabled, monkeypatch):
     else:
         monkeypatch.setenv("TPU_CLOSURE_FIX", raw)
     assert startup._disabled_by_environment() is disabled
+
+
+def test_release_of_a_package_still_initializing_comes_only_from_its_own_distribution(tmp_path):
+    """While a top-level package's __init__ runs (no __version__ yet), its release is read from the
+    installed distribution of that name only when that distribution's __init__.py is the loaded file."""
+    import types
+
+    from tpu_closure_fix import releases
+
+    wrapt_module = sys.modules["wrapt"] if "wrapt" in sys.modules else __import__("wrapt")
+    fake = types.ModuleType("wrapt")
+    fake.__spec__ = types.SimpleNamespace(_initializing=True)
+    fake.__file__ = wrapt_module.__file__  # the installed distribution's own file: its release counts
+    from importlib import metadata
+
+    assert releases._release_while_initializing(fake) == metadata.version("wrapt")
+    fake.__file__ = str(tmp_path / "wrapt" / "__init__.py")  # a copy elsewhere: never another copy's release
+    assert releases._release_while_initializing(fake) is None
+    fake.__file__ = wrapt_module.__file__
+    fake.__spec__ = types.SimpleNamespace(_initializing=False)  # fully imported without __version__: unknown
+    assert releases._release_while_initializing(fake) is None
