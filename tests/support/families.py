@@ -58,6 +58,9 @@ class Family(object):
     #: Whether enabling the shim after this family's code stepped unfixed warns (the framework integration's
     #: ``late_enable_warning``: Lightning looks for Trainers that have stepped).
     warns_when_enabled_late = False
+    #: Modules the framework imports that neither the shim nor the contract is about (its dependencies):
+    #: support.lifecycle imports them once, before forking, to save every child the time.
+    preloaded = ()
 
     def import_framework(self):
         """Import the framework (as a user's script does), then put the stand-in in torch_xla's place."""
@@ -84,6 +87,11 @@ class Family(object):
         return vars(owner).get(attr)
 
 
+#: pytorch-lightning 1.8's and lightning-lite 1.8's heavy dependencies (none of them imports Lightning).
+LIGHTNING_1_8_DEPENDENCIES = ("numpy", "yaml", "fsspec", "pkg_resources", "lightning_utilities", "tensorboardX",
+                              "torchmetrics")
+
+
 class TrainerFamily(Family):
     """pytorch-lightning 1.8.6 ``TPUPrecisionPlugin.optimizer_step``, reached by ``Trainer.fit``.
 
@@ -104,6 +112,7 @@ class TrainerFamily(Family):
     fix_class = "tpu_closure_fix.integrations.lightning.fixes:TrainerClosureFix"
     inheriting_subclass = "TPUBf16PrecisionPlugin"
     warns_when_enabled_late = True
+    preloaded = LIGHTNING_1_8_DEPENDENCIES
 
     def import_framework(self):
         probe.lightning()
@@ -213,6 +222,7 @@ class Lite18Family(LiteFamily):
     module = "lightning_lite.plugins.precision.tpu"
     qualname = "TPUPrecision.optimizer_step"
     inheriting_subclass = "TPUBf16Precision"
+    preloaded = LIGHTNING_1_8_DEPENDENCIES  # support.lightning_api imports pytorch_lightning too
 
 
 class FabricXlaFamily(LiteFamily):
@@ -222,6 +232,7 @@ class FabricXlaFamily(LiteFamily):
     module = "lightning_fabric.plugins.precision.xla"
     qualname = "XLAPrecision.optimizer_step"
     barrier = True
+    preloaded = ("numpy", "fsspec", "lightning_utilities")
 
 
 class GuardFamily(Family):

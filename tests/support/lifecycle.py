@@ -25,6 +25,7 @@ Cases (``case`` field of each line):
 * ``fix-unavailable``: the family's fix cannot be prepared (its ``prepare``
   raises): the original code stays in place, one warning, status says so.
 """
+import importlib
 import itertools
 import json
 import os
@@ -259,14 +260,50 @@ def walk(family, out, todo, prefix):
         _in_child(out, "order", work, order=prefix + [op])
 
 
+#: Top-level packages whose import is an operation of the contract (the framework's, the stand-in's, the
+#: shim's): none of them may be loaded before the first fork.
+NOT_PRELOADED = ("tpu_closure_fix", "torch_xla", "pytorch_lightning", "lightning", "lightning_lite",
+                 "lightning_fabric", "accelerate", "wrapt")
+
+
+def _warm_up_torch():
+    """One optimizer step with a closure in plain torch, before the first fork: torch's first step imports
+    and initialises much lazily (seconds), which every child would otherwise pay again."""
+    import torch
+
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def closure():
+        optimizer.zero_grad()
+        loss = model(torch.ones(2, 2)).pow(2).mean()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+
+
+def _preload(family):
+    """Import the framework's own dependencies (never the framework, the stand-in or the shim) before
+    the first fork, so each child imports only what the contract is about."""
+    for name in family.preloaded:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    loaded = [name for name in NOT_PRELOADED if name in sys.modules]
+    if loaded:
+        raise RuntimeError("preloading %s imported %s" % (family.name, ", ".join(loaded)))
+
+
 def main(argv=None):
     name, out = (argv or sys.argv[1:])[:2]
-    import torch  # noqa: F401  (shared by every child: imported once, before the first fork)
-
     from support import families
 
     _capture_warnings()
     family = families.family(name)
+    _warm_up_torch()  # torch is shared by every child: imported once, before the first fork
+    _preload(family)
     for case in CASES:
         _in_child(out, case, lambda case=case: _write(out, dict(CASE_FUNCTIONS[case](family), case=case)))
     walk(family, out, [list(o) for o in orders()], [])

@@ -28,12 +28,20 @@ TIMEOUT = float(os.environ.get("TPU_CLOSURE_FIX_XLA_TIMEOUT", "900"))  # per chi
 HOW = ("build it with `XLA_PY=$(bash scripts/xla_env.sh 2.9)` (or 2.1) and run with "
        "TPU_CLOSURE_FIX_XLA_PYTHON=\"$XLA_PY\"")
 
+#: The probe asks what ``check`` itself will see: ``tpu-closure-fix status --json`` (imports the shim
+#: first, then every installed call-site module, as ``check`` does) and torch_xla's release.
 _PROBE = """
-import json, sys
-import torch_xla
-from tpu_closure_fix import report
-records = report.status(import_errors=report.import_installed_sites())
-print(%r + json.dumps({"torch_xla": torch_xla.__version__, "status": records}))
+import json, runpy, sys
+from importlib.metadata import version
+sys.argv = ["tpu-closure-fix", "status", "--json"]
+import io, contextlib
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    try:
+        runpy.run_module("tpu_closure_fix", run_name="__main__")
+    except SystemExit:
+        pass
+print(%r + json.dumps({"torch_xla": version("torch_xla"), "status": json.loads(out.getvalue())}))
 """ % RESULT_MARK
 
 

@@ -27,6 +27,7 @@ unless ``TPU_CLOSURE_FIX=0`` (the environment is passed through).
 Nothing heavy is imported at module import time: torch, torch_xla and the frameworks are imported
 inside the functions that run in the child.
 """
+import gc
 import json
 import os
 import sys
@@ -44,8 +45,11 @@ MODES = ("shim", "reference", "unpatched")
 #: What a driver's ``graph_step`` returns.  ``params``: the parameters whose pending graph is
 #: analysed; ``optimizer``: the torch optimizer the step updates them with (its ``step`` calls are
 #: recorded); ``warmup_loss()``: a loss of the same model with no collective in it; ``run()``:
-#: performs the traced step (it sets ``harness.loss``); ``route``: how the step reaches the method.
-TracedStep = namedtuple("TracedStep", "params optimizer warmup_loss run route")
+#: performs the traced step (it sets ``harness.loss``); ``route``: how the step reaches the method;
+#: ``keep``: objects that must stay alive until the step has run, because the framework holds only
+#: weak references to them (pytorch-lightning 1.8's ``LightningModule.trainer`` is a weak proxy).
+TracedStep = namedtuple("TracedStep", "params optimizer warmup_loss run route keep")
+TracedStep.__new__.__defaults__ = ((),)
 
 
 # --------------------------------------------------------------------------------------------
@@ -298,6 +302,9 @@ def _trace(target, harness):
     from . import table
 
     step = table.driver_for(target.row).graph_step(target, harness)
+    # whatever the driver built but did not keep (``TracedStep.keep``) goes now, every time, rather than
+    # whenever the cyclic collector happens to run during the step (a weak proxy failing at random)
+    gc.collect()
     saved = _warmup(step)
     orig_step = _record_optimizer_steps(step.optimizer)
     _tls.tracing, _tls.events, _tls.traced = True, [], True

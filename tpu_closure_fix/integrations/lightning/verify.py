@@ -315,6 +315,7 @@ def _trainer_graph_step(target, harness):
         run=run,
         route=["LightningModule.optimizer_step -> LightningOptimizer.step -> Strategy.optimizer_step -> %s.%s"
                % (target.owner.__name__, target.attribute)],
+        keep=(trainer,),  # the module and optimizer refer to it through weak proxies
     )
 
 
