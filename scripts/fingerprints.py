@@ -323,15 +323,23 @@ def merge_files(paths):
 # --------------------------------------------------------------------------- checking
 
 
-def compare(measured, recorded):
+def compare(measured, recorded, by_release=True):
     """Problems (strings) between measured and recorded {variant: {release: fingerprint}}.
     Every measured release must be recorded with the same fingerprint; recorded
-    releases that were not measured are not judged."""
+    releases that were not measured are not judged. ``by_release=False`` (the
+    table, which names each distinct code once, by its newest release): the
+    measured fingerprint must be one the variant records, whatever release names it."""
     problems = []
     for variant, releases in sorted(measured.items()):
         for release, value in sorted(releases.items()):
             if value is None:
                 continue  # already a measurement problem
+            if not by_release:
+                known = set(recorded.get(variant, {}).values())
+                if value not in known:
+                    problems.append("%s %s: measured %s, not among the row's recorded %s"
+                                    % (variant, release, value, sorted(known) or "(none)"))
+                continue
             want = recorded.get(variant, {}).get(release)
             if want is None:
                 problems.append("%s %s: measured %s, not recorded" % (variant, release, value))
@@ -348,13 +356,14 @@ def check(names=None, root=None, recorded=None):
     if not names:
         return ["no target is installed (python scripts/targets.py install NAME)"]
     rows = table_rows()
+    by_release = recorded is not None
     if recorded is None:
         recorded = recorded_fingerprints(rows)
         if not recorded:
             return ["the call-site table records no fingerprints (no row has a non-empty `fingerprints` field); "
                     "compare with a file: --against FILE.json"]
     measurements = measure_targets(names, root, rows)
-    return measurements.problems + compare(measurements.values, recorded)
+    return measurements.problems + compare(measurements.values, recorded, by_release=by_release)
 
 
 # --------------------------------------------------------------------------- output

@@ -110,3 +110,19 @@ def test_recorded_fingerprints_agree_with_the_measured_releases():
         for release, fingerprint in site.fingerprints:
             assert measured[site.variant][release] == fingerprint, (site.variant, release)
         assert {fp for _, fp in site.fingerprints} == set(measured[site.variant].values()), site.variant
+
+
+def test_fingerprint_check_against_the_table_is_by_code_not_by_release_name():
+    """The table names each distinct code once (by its newest release): a measured release of the row is
+    right when its fingerprint is one the row records; against a per-release file it must match exactly."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "scripts", "fingerprints.py")
+    spec = importlib.util.spec_from_file_location("tcf_fingerprints_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    table = {"fabric-1.9": {"2.0.9": "sha256:a"}}
+    assert script.compare({"fabric-1.9": {"1.9.5": "sha256:a"}}, table, by_release=False) == []
+    assert script.compare({"fabric-1.9": {"1.9.5": "sha256:b"}}, table, by_release=False)
+    assert script.compare({"fabric-1.9": {"1.9.5": "sha256:a"}}, table, by_release=True)
