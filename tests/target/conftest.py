@@ -15,6 +15,10 @@ import sysconfig
 
 import pytest
 
+# The lifecycle contract's tests are inherited from a module that is not a test module: have pytest
+# rewrite its asserts too, so a failure shows the values compared.
+pytest.register_assert_rewrite("lifecycle_contract")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 REPO = os.path.dirname(TESTS)
