@@ -26,6 +26,9 @@
 # figures.  A venv this script created and could not finish is deleted again, so a failed
 # build leaves no gigabytes behind.
 set -euo pipefail
+# The venv must hold everything it needs itself: a PYTHONPATH from the caller (a matrix target folder,
+# say) would make pip count that folder's packages as installed and leave them out of the venv.
+unset PYTHONPATH PYTHONHOME
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TIER="${1:-2.1}"
@@ -88,7 +91,7 @@ check_imports() {
 import importlib, os, sys
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 import torch, torch_xla, torch_xla.core.xla_model as xm  # noqa: F401
-import wrapt  # noqa: F401
+import packaging, wrapt  # noqa: F401  (the shim's own dependencies, needed by every check child)
 for pair in sys.argv[1:]:
     module, name = pair.split(":")
     getattr(importlib.import_module(module), name)
