@@ -138,6 +138,16 @@ def _not_verified_reasons(events, graph, graph_unavailable):
     return reasons
 
 
+def _untested(events, graph):
+    """Protected sites no self-test covers (no driver), from both self-tests, each once."""
+    seen, entries = set(), []
+    for entry in (events.get("untested") or []) + ((graph or {}).get("untested") or []):
+        if entry["site"] not in seen:
+            seen.add(entry["site"])
+            entries.append(entry)
+    return entries
+
+
 def decide(unprotected, events, graph, graph_unavailable=None):
     """The outcome of a check.
 
@@ -153,7 +163,7 @@ def decide(unprotected, events, graph, graph_unavailable=None):
     if reasons:
         return Outcome(NOT_VERIFIED, EXIT_CODES[NOT_VERIFIED],
                        "COULD NOT VERIFY: %s. What you can do: %s." % (_first_and_more(reasons), _WHAT_TO_DO))
-    untested = events.get("untested") or []
+    untested = _untested(events, graph)
     sites = len(events.get("sites", [])) + len(untested)
     if graph:
         evidence = "event order and XLA graph (%d traced) right" % len(_graph_sites(graph))

@@ -143,6 +143,17 @@ def test_a_site_without_a_driver_is_named_but_does_not_fail_the_check():
     assert check.render_events(events)[-2:] == ["  --   %s (patched)" % GUARD, "       not self-tested: " + NO_DRIVER["reason"]]
 
 
+def test_a_site_without_a_driver_seen_only_by_the_graph_check_is_named_once():
+    events = events_of(event_site(FABRIC))
+    events["untested"] = [NO_DRIVER]
+    graph = graph_of({FABRIC: graph_site()})
+    graph["untested"] = [NO_DRIVER]
+    assert check.decide([], events, graph).reason.endswith("; 1 site(s) without a self-test: %s." % GUARD)
+    del events["untested"]
+    out = check.decide([], events, graph)
+    assert out.exit_code == 0 and out.reason.endswith("; 1 site(s) without a self-test: %s." % GUARD), out.reason
+
+
 def test_only_sites_without_a_driver_is_could_not_verify():
     events = events_of()
     events["untested"] = [NO_DRIVER]
