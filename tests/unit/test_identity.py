@@ -651,13 +651,15 @@ def test_script_check_compares_with_the_table_field(monkeypatch):
              "releases": ">=1.8.0,<1.9.0", "recorded": {}}]
     measured = script.Measurements()
     measured.add("fabric-2.1", "2.6.6", "sha256:b", "target x (import)")
+    measured.add("fabric-2.1", "2.3.0", "sha256:a", "target z (import)")  # same code as 2.1.0: no problem
     measured.add("pl-1.8", "1.8.6", "sha256:c", "target y (import)")
     calls = []
     monkeypatch.setattr(script, "table_rows", lambda: rows)
     monkeypatch.setattr(script, "installed_targets", lambda names, root: calls.append(names) or ["x", "y"])
     monkeypatch.setattr(script, "measure_targets", lambda names, root, rows_: measured)
-    assert script.check(["x", "y"]) == ["pl-1.8 1.8.6: measured sha256:c, not recorded"]
-    assert script.check(["x"], recorded={"fabric-2.1": {"2.6.6": "sha256:z"}, "pl-1.8": {"1.8.6": "sha256:c"}}) \
+    assert script.check(["x", "y"]) == ["pl-1.8 1.8.6: measured sha256:c, not among the row's recorded (none)"]
+    assert script.check(["x"], recorded={"fabric-2.1": {"2.6.6": "sha256:z", "2.3.0": "sha256:a"},
+                                         "pl-1.8": {"1.8.6": "sha256:c"}}) \
         == ["fabric-2.1 2.6.6: measured sha256:b, recorded sha256:z"]
     assert calls == [["x", "y"], ["x"]]
     for row in rows:
