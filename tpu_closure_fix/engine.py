@@ -11,8 +11,9 @@ Mechanism, in the style of ``wrapt.importer`` / ``wrapt.patches``:
 * A site is patched only after both guards pass (:func:`examine`): the release
   of the loaded package is inside a row's range (or, for a release no row
   knows, the code is identical to a known release's: :mod:`tpu_closure_fix.identity`),
-  and the code has the row's expected shape. Then the class (or module) attribute is replaced by a
-  ``wrapt.FunctionWrapper`` around the original function, marked with
+  and the code has the row's expected shape. Then the class attribute is replaced by a
+  ``wrapt.FunctionWrapper`` around the original function (a module attribute by
+  a plain function calling the same fix: :func:`wrappers.module_function_wrapper`), marked with
   :data:`MARKER` so a second ``enable()`` never stacks another layer.
 * ``disable()`` puts the exact original function objects back. Wrappers that
   cannot be removed (someone wrapped on top of ours) become pass-throughs: every
@@ -30,6 +31,7 @@ ahead of wrapt's, a failed registration) and patches them late, with a warning.
 import logging
 import sys
 import threading
+import types
 import warnings
 from collections import namedtuple
 
@@ -351,7 +353,7 @@ def _patch_site(key, module):
         return finding
     if finding.verdict != PATCHABLE:
         return finding
-    from .wrappers import FunctionWrapper  # wrapt's, made to pickle/copy by reference like the original
+    from .wrappers import FunctionWrapper, module_function_wrapper
 
     owner, attr, original = finding.target
     site = finding.site
@@ -361,7 +363,10 @@ def _patch_site(key, module):
         _state.failures[key] = "fix unavailable: %s" % exc
         _warn_once(key, "tpu-closure-fix: %s:%s not patched: %s" % (key[0], key[1], exc))
         return _examine(key, module)
-    wrapper = FunctionWrapper(original, wrapper_function)
+    if isinstance(owner, types.ModuleType):
+        wrapper = module_function_wrapper(original, wrapper_function)  # never bound: a plain function is cheaper
+    else:
+        wrapper = FunctionWrapper(original, wrapper_function)  # wrapt's, pickling by reference like the original
     setattr(wrapper, MARKER, site.variant)
     setattr(owner, attr, wrapper)
     _state.patches[key] = (owner, attr, original, wrapper)

@@ -23,19 +23,11 @@ import json
 import os
 import sys
 
+from support.layers import depth
+
 
 #: Modules an interpreter that never imports a framework must not load at start-up.
 IDLE_PREFIXES = ("tpu_closure_fix", "wrapt", "torch", "pytorch_lightning", "lightning")
-
-
-def depth(obj):
-    import wrapt
-
-    n = 0
-    while isinstance(obj, wrapt.FunctionWrapper):
-        n += 1
-        obj = obj.__wrapped__
-    return n
 
 
 def import_all():

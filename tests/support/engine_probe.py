@@ -22,25 +22,10 @@ import os
 import sys
 import warnings
 
+from support.layers import depth, innermost
+
+
 warnings.simplefilter("ignore")
-
-
-def depth(obj):
-    import wrapt
-
-    n = 0
-    while isinstance(obj, wrapt.FunctionWrapper):
-        n += 1
-        obj = obj.__wrapped__
-    return n
-
-
-def innermost(obj):
-    import wrapt
-
-    while isinstance(obj, wrapt.FunctionWrapper):  # already patched by the .pth auto-enable
-        obj = obj.__wrapped__
-    return obj
 
 
 def loaded_sites(sites):

@@ -32,6 +32,9 @@ import os
 import sys
 import warnings
 
+from support.layers import depth, innermost
+
+
 OPS = ("framework", "shim", "enable", "disable", "enable", "reload")
 CASES = ("enable-disable", "switch-off", "wrapped-on-top", "held-across-reload", "fix-unavailable")
 
@@ -83,20 +86,6 @@ def _capture_warnings():
         return shown(message, category, filename, lineno, file, line)
 
     warnings.showwarning = showwarning
-
-
-def depth(obj):
-    n = 0
-    while type(obj).__name__ == "FunctionWrapper":
-        n += 1
-        obj = obj.__wrapped__
-    return n
-
-
-def innermost(obj):
-    while type(obj).__name__ == "FunctionWrapper":
-        obj = obj.__wrapped__
-    return obj
 
 
 def status_of(family):

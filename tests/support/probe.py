@@ -10,6 +10,9 @@ decides the order of imports itself.
 import json
 import sys
 
+from support.layers import depth
+
+
 MODULE = "pytorch_lightning.plugins.precision.tpu"
 BF16_MODULE = MODULE + "_bf16"
 
@@ -33,15 +36,6 @@ def lightning():
     module.xm = xm
     module._XLA_AVAILABLE = True
     return pl, module
-
-
-def depth(obj):
-    """How many wrapt FunctionWrapper layers ``obj`` has (ours and anyone else's)."""
-    n = 0
-    while type(obj).__name__ == "FunctionWrapper":
-        n += 1
-        obj = obj.__wrapped__
-    return n
 
 
 def site_depth():

@@ -206,3 +206,45 @@ def test_unreachable_function_refuses_like_the_original():
         pickle.dumps(local)  # the twin
     with pytest.raises(pickle.PicklingError):
         pickle.dumps(wrappers.FunctionWrapper(local, through_shim))
+
+
+def _install_module_function_wrapper(module, name, calls):
+    original = getattr(module, name)
+
+    def fix(wrapped, instance, args, kwargs):
+        calls.append((instance, args, kwargs))
+        return wrapped(*args, **kwargs)
+
+    wrapper = wrappers.module_function_wrapper(original, fix)
+    setattr(module, name, wrapper)
+    return original, wrapper
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_module_function_wrapper_behaves_like_the_function_it_replaces(protocol):
+    """The plain wrapper of a module-level function: called with instance None, the original's signature and
+    names, pickled by reference as the global its module holds, copied as itself; the twin is the original."""
+    module = sys.modules[__name__]
+    calls = []
+    assert pickle.loads(pickle.dumps(ORIGINAL_HELPER, protocol)) is ORIGINAL_HELPER  # the twin
+    original, wrapper = _install_module_function_wrapper(module, "helper", calls)
+    try:
+        assert wrapper(3) == ("helper", 3) and calls == [(None, (3,), {})]
+        assert wrapper(value=4) == ("helper", 4) and calls[-1] == (None, (), {"value": 4})
+        assert inspect.signature(wrapper) == inspect.signature(original)
+        assert (wrapper.__name__, wrapper.__qualname__, wrapper.__module__) == \
+            (original.__name__, original.__qualname__, original.__module__)
+        assert wrapper.__wrapped__ is original and inspect.unwrap(wrapper) is original
+        assert pickle.loads(pickle.dumps(wrapper, protocol)) is wrapper
+        assert copy.copy(wrapper) is wrapper and copy.deepcopy(wrapper) is wrapper
+    finally:
+        setattr(module, "helper", original)
+    # The stated limit: once the module holds the original again, the old reference no longer pickles.
+    with pytest.raises(pickle.PicklingError):
+        pickle.dumps(wrapper, protocol)
+
+
+def test_module_function_wrapper_is_not_wrapts_call_path():
+    """Why it exists: wrapt's unbound FunctionWrapper probes ``__self__`` on each call; ours is a plain function."""
+    wrapper = wrappers.module_function_wrapper(ORIGINAL_HELPER, through_shim)
+    assert type(wrapper) is types.FunctionType and not isinstance(wrapper, wrapt.ObjectProxy)

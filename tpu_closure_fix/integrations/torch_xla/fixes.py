@@ -9,13 +9,6 @@ _PARAMS = ("optimizer", "barrier", "optimizer_args", "groups", "pin_layout")
 _DEFAULTS = {"barrier": False, "optimizer_args": {}, "groups": None, "pin_layout": True}
 
 
-def _closure_of(args, kwargs):
-    """The closure the call passes in ``optimizer_args``, or None: the fast test every call pays."""
-    optimizer_args = args[2] if len(args) > 2 else kwargs.get("optimizer_args")
-    get = getattr(optimizer_args, "get", None)
-    return get("closure") if get is not None else None
-
-
 def _bind(args, kwargs):
     """The call's arguments by name (defaults filled in), or None when they do not fit the signature."""
     if len(args) > len(_PARAMS) or any(name not in _PARAMS for name in kwargs):
@@ -50,7 +43,11 @@ class OptimizerStepGuard(Fix):
             raise FixUnavailable("the module defines no reduce_gradients")
 
         def guard(wrapped, instance, args, kwargs):
-            if not switch.on or _closure_of(args, kwargs) is None:
+            # The test every call pays, written inline (a helper's call would cost as much as the test):
+            # the closure in optimizer_args, positional (third) or by keyword; anything without .get has none.
+            optimizer_args = args[2] if len(args) > 2 else kwargs.get("optimizer_args")
+            get = getattr(optimizer_args, "get", None)
+            if not switch.on or get is None or get("closure") is None:
                 return wrapped(*args, **kwargs)
             values = _bind(args, kwargs)
             if values is None:
