@@ -91,23 +91,17 @@ def strategy_of(site):
     return site.fix.describe()
 
 
-def _is_trainer_row(site):
-    return site.package in ("pytorch_lightning", "lightning.pytorch")
-
-
 def scenarios_for(site, target):
-    """Scenarios of ``target`` that ran through ``site``."""
-    run = target.get("scenarios_run") or []
-    lite_kind = ((target.get("lightning") or {}).get("lite") or "")
-    if _is_trainer_row(site):
-        names = [n for n in run if n.startswith("trainer-")]
-        if lite_kind.endswith("(pl-lite)"):  # PL 1.5-1.7 LightningLite goes through the Trainer plugin
-            names += [n for n in run if n.startswith("lite-")]
-    else:
-        names = [n for n in run if n.startswith("lite-")]
-    if site.inherits:
-        names = [n for n in names if n.endswith("-bf16")]
-    return names
+    """Scenarios of ``target`` that ran through ``site``: asked of the site's integration
+    (``integrations/<name>/verify.py: matrix_scenarios``); none if it has no such function."""
+    import importlib
+
+    try:
+        verify = importlib.import_module("tpu_closure_fix.integrations.%s.verify" % site.integration)
+    except ImportError:
+        return []
+    choose = getattr(verify, "matrix_scenarios", None)
+    return choose(site, target) if choose is not None else []
 
 
 def evidence(site, name, target):

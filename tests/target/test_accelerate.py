@@ -81,7 +81,7 @@ def summarize(runs):
     for spec in CLOSURE_SCENARIOS + [NO_CLOSURE, SYNCCHECK]:
         name = spec["name"]
         with_shim, without = [[_params(runs, shim, rank, name) for rank in (0, 1)] for shim in (True, False)]
-        scenarios[name] = {
+        scenarios["accelerate-" + name] = {
             "steps": len(with_shim[0]),
             "bug_can_occur": spec.get("closure", True),
             "divergence_with_shim": _max_diff(*with_shim),
@@ -96,7 +96,7 @@ def summarize(runs):
         "framework": "accelerate %s" % runs[True][0]["accelerate"],
         "scenarios_run": list(scenarios),
         "not_applicable": {} if ACCUMULATION else {
-            "accumulate": "accelerate < 0.28 raises 'Gradient accumulation is not supported on TPU'"},
+            "accelerate-accumulate": "accelerate < 0.28 raises 'Gradient accumulation is not supported on TPU'"},
         "replicas": 2,
         "steps_compared": sum(s["steps"] for s in values),
         "max_divergence_with_shim": max(s["divergence_with_shim"] for s in values),

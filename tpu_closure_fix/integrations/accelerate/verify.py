@@ -18,7 +18,9 @@ Entry points (the interface every integration's ``verify.py`` provides):
 
 * :func:`event_step`: event-order self-test with the recording stand-in for torch_xla;
 * :func:`graph_step`: graph check on real torch_xla, returns a ``TracedStep``;
-* :func:`reference_fix`: the fixed order written out by hand in place of the row's method.
+* :func:`reference_fix`: the fixed order written out by hand in place of the row's method;
+* :func:`matrix_scenarios` (generated support table): which release-matrix scenarios of a target
+  ran through a row.
 """
 import types
 from functools import partial
@@ -158,3 +160,9 @@ def _reduce_after(xm, optimizer, closure):
     loss = closure()
     xm.reduce_gradients(optimizer)
     return loss
+
+
+def matrix_scenarios(site, target):
+    """Names of the scenarios of a release-matrix ``target`` that ran through ``site``: every
+    ``accelerate-*`` scenario (a target installs one accelerate release, which one row matches)."""
+    return [n for n in target.get("scenarios_run") or [] if n.startswith("accelerate-")]

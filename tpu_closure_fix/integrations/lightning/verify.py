@@ -26,7 +26,9 @@ Entry points (the interface every integration's ``verify.py`` provides):
   :class:`tpu_closure_fix.verify.graph.TracedStep` that the generic harness warms up, traces and
   analyses;
 * :func:`reference_fix` (graph check's harness self-test): puts the upstream fix order, written
-  by hand, in place of the row's method.
+  by hand, in place of the row's method;
+* :func:`matrix_scenarios` (generated support table): which release-matrix scenarios of a target
+  ran through a row.
 """
 import importlib
 import inspect
@@ -373,3 +375,34 @@ def _reference_fabric_step(self, optimizer, **kwargs):
     result = optimizer.step(closure=partial(_reduce_after, optimizer, closure), **kwargs)
     xm.mark_step()
     return result
+
+
+def _base_row(site):
+    """The row an inheriting (bf16) row inherits its method from (itself if it inherits nothing)."""
+    if not site.inherits:
+        return site
+    from ...sites import CALL_SITES
+
+    return next((row for row in CALL_SITES if row.package == site.package and row.qualname == site.inherits
+                 and not row.inherits), site)
+
+
+def matrix_scenarios(site, target):
+    """Names of the scenarios of a release-matrix ``target`` (its trimmed summary) that ran through ``site``.
+
+    Trainer scenarios are named ``trainer-*``, Lite/Fabric ones ``lite-*``; a row is the Trainer's
+    when its code shape is (:func:`kind_of`). pytorch-lightning 1.5-1.7's ``LightningLite`` goes
+    through the Trainer's precision plugin, so its ``lite-*`` scenarios count for the Trainer rows
+    there. An inheriting (bf16) row is verified by the ``*-bf16`` scenarios only.
+    """
+    run = target.get("scenarios_run") or []
+    lite_kind = (target.get("lightning") or {}).get("lite") or ""
+    if kind_of(_base_row(site)) != FABRIC:
+        names = [n for n in run if n.startswith("trainer-")]
+        if lite_kind.endswith("(pl-lite)"):
+            names += [n for n in run if n.startswith("lite-")]
+    else:
+        names = [n for n in run if n.startswith("lite-")]
+    if site.inherits:
+        names = [n for n in names if n.endswith("-bf16")]
+    return names

@@ -1,0 +1,72 @@
+"""The generated support table credits each row with the matrix scenarios that ran through it.
+
+Which scenarios those are is each integration's knowledge (``integrations/<name>/verify.py:
+matrix_scenarios``); the script only formats them. Fed trimmed matrix results written here.
+"""
+import importlib.util
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("support_table_under_test",
+                                                  os.path.join(REPO, "scripts", "support_table.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _scenario(bug_can_occur=True, without=0.25):
+    return {"bug_can_occur": bug_can_occur, "divergence_with_shim": 0.0, "divergence_without_shim": without,
+            "reference_diff_with_shim": 0.0, "steps": 3}
+
+
+def _results():
+    accelerate = {
+        "verdict": "pass", "wrapt": "2.5.2", "lightning": None,
+        "status": [{"module": "accelerate.optimizer", "method": "AcceleratedOptimizer.step", "release": "1.15.0",
+                    "verdict": "patched", "variant": "accelerate-1.7"}],
+        "scenarios_run": ["accelerate-sgd", "accelerate-lbfgs", "accelerate-no-closure"],
+        "scenarios": {"accelerate-sgd": _scenario(without=0.5), "accelerate-lbfgs": _scenario(without=0.125),
+                      "accelerate-no-closure": _scenario(bug_can_occur=False, without=0.0)},
+    }
+    fabric = {
+        "verdict": "pass", "wrapt": "2.5.2", "lightning": {"lite": "lightning_fabric 2.6.6 (fabric)"},
+        "status": [{"module": "lightning_fabric.plugins.precision.xla", "method": "XLAPrecision.optimizer_step",
+                    "release": "2.6.6", "verdict": "patched", "variant": "fabric-2.1"}],
+        "scenarios_run": ["lite-sgd"], "scenarios": {"lite-sgd": _scenario()},
+    }
+    return {"targets": {"accelerate==1.15.0": accelerate, "lightning-fabric==2.6.6": fabric},
+            "order": ["accelerate==1.15.0", "lightning-fabric==2.6.6"], "torch": "2.13.0", "python": "3.11"}
+
+
+def _line(table, variant_releases):
+    (line,) = [l for l in table.splitlines() if variant_releases in l]
+    return line
+
+
+def test_accelerate_row_lists_the_accelerate_scenarios_with_their_divergence():
+    script = _script()
+    table = script.build_table(_results())
+    line = _line(table, "accelerate `>=1.7.0,")
+    assert "`accelerate==1.15.0`: sgd, lbfgs, no-closure = reference bitwise; without shim diverge (max 0.5)" in line
+    assert "lightning-fabric" not in line and "status `patched`" not in line
+
+
+def test_rows_of_another_integration_take_none_of_its_scenarios():
+    script = _script()
+    table = script.build_table(_results())
+    fabric = _line(table, "lightning_fabric `>=2.1.0")
+    assert "`lightning-fabric==2.6.6`: sgd = reference bitwise; without shim diverge (max 0.25)" in fabric
+    assert "accelerate==1.15.0" not in fabric
+    older = _line(table, "accelerate `>=0.28.0,")  # no target carries this row
+    assert older.endswith("| not in the matrix |")
+
+
+def test_a_row_whose_target_ran_no_scenario_says_only_its_status():
+    script = _script()
+    results = _results()
+    results["targets"]["accelerate==1.15.0"]["scenarios_run"] = []
+    line = _line(script.build_table(results), "accelerate `>=1.7.0,")
+    assert "`accelerate==1.15.0`: status `patched`" in line
