@@ -2,7 +2,8 @@
 # The whole test suite, from a fresh clone: installs what it needs (into .cache/), then runs
 #   1. tests/unit                       (no Lightning needed)
 #   2. the release matrix               (scripts/matrix.py: every target release x tests/target)
-#   3. the real-torch_xla tiers         (tests/xla, once per tier, each in its own venv:
+#   3. the real-torch_xla tiers         (tests/xla, once per tier, each in its own venv, built in the
+#                                        background while the matrix runs:
 #                                        torch_xla 2.1 + pytorch-lightning 1.8.6, and
 #                                        torch_xla 2.9 + lightning-fabric/pytorch-lightning/lightning 2.6.6)
 # and ends with one closing line 'N passed, N failed, N skipped' over all of them.
@@ -36,6 +37,18 @@ pytest_step readme tests/readme
 
 echo "== 2/3 release matrix (demo dependencies first: tests/target/test_demo.py needs them)"
 bash scripts/demo.sh --help >/dev/null || { echo "!! installing the demo dependencies failed"; status=1; }
+# The two torch_xla venvs are built in the background while the matrix runs, one after the other
+# (downloading and unpacking about 6 GB is mostly I/O: some 6 minutes the matrix hides on 2 cores).
+# Each build's stdout (the interpreter), stderr, exit code and duration go to results/xla-env-TIER.*.
+(
+  for tier in 2.1 2.9; do
+    started=$(date +%s)
+    bash scripts/xla_env.sh "$tier" > "results/xla-env-$tier.out" 2> "results/xla-env-$tier.log"
+    echo $? > "results/xla-env-$tier.rc"
+    echo $(( $(date +%s) - started )) > "results/xla-env-$tier.seconds"
+  done
+) &
+xla_builds=$!
 disk
 "$PY" scripts/matrix.py --results results --prune "$@" || status=1
 
@@ -48,16 +61,22 @@ for bench in bench_startup bench_import bench_step synccheck_overhead; do
   "$PY" benchmarks/$bench.py --smoke > "results/$bench.txt" 2>&1 || { echo "!! benchmarks/$bench.py --smoke failed:"; tail -20 "results/$bench.txt"; status=1; }
 done
 
+waited=$(date +%s)
+wait "$xla_builds"
+echo "   (waited $(( $(date +%s) - waited )) s for the torch_xla venvs built during the matrix)"
 for tier in 2.1 2.9; do
   echo "== 3/3 real torch_xla tier $tier"
   disk
-  tier_start=$(date +%s)
-  if XLA_PY=$(bash scripts/xla_env.sh "$tier"); then
-    built=$(date +%s)
+  XLA_PY=$(cat "results/xla-env-$tier.out" 2>/dev/null)
+  if [ "$(cat "results/xla-env-$tier.rc" 2>/dev/null)" = 0 ] && [ -x "$XLA_PY" ]; then
+    tests_start=$(date +%s)
     TPU_CLOSURE_FIX_XLA_PYTHON="$XLA_PY" pytest_step "xla-$tier" tests/xla
-    echo "   (tier $tier: environment ready in $((built - tier_start)) s, tests in $(( $(date +%s) - built )) s)"
+    echo "   (tier $tier: environment built in $(cat "results/xla-env-$tier.seconds") s during the matrix," \
+         "tests in $(( $(date +%s) - tests_start )) s)"
   else
-    echo "!! building the torch_xla $tier environment failed"; status=1
+    echo "!! building the torch_xla $tier environment failed (results/xla-env-$tier.log):"
+    tail -20 "results/xla-env-$tier.log"
+    status=1
   fi
 done
 

@@ -4,6 +4,7 @@ twin under TPU_CLOSURE_FIX=0 is reported unprotected, naming a site, with failin
 The self-test drives exactly the rows of the call-site table that matched the installed release.
 The graph part needs torch_xla (tests/xla and scripts/main.sh cover it); here ``--no-graph``.
 """
+import functools
 import json
 import subprocess
 import sys
@@ -19,9 +20,15 @@ def check(shim, *args):
     return proc.returncode, proc.stdout
 
 
+@functools.lru_cache(maxsize=None)
+def _check_json_text(shim):
+    """One ``check --json`` run per shim mode for the whole module (each takes 10-20 s)."""
+    return check(shim, "--json")
+
+
 def check_json(shim):
-    code, out = check(shim, "--json")
-    return code, json.loads(out)
+    code, out = _check_json_text(shim)
+    return code, json.loads(out)  # parsed afresh: a test may not change what another one reads
 
 
 def installed_rows():
