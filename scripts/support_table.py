@@ -160,7 +160,8 @@ def build_table(results):
         passed = sum(1 for t in targets.values() if t.get("verdict") == "pass")
         lines.append("")
         lines.append("Release matrix: %d/%d targets pass (torch %s, Python %s, %s). Scenarios: 2 gloo replicas, "
-                     "real Lightning loops, only torch_xla replaced; see tests/target/test_replicas.py."
+                     "the frameworks' real loops, only torch_xla replaced; see tests/target/test_replicas.py "
+                     "(Lightning) and tests/target/test_accelerate.py (accelerate)."
                      % (passed, len(targets), results.get("torch"), results.get("python"),
                         (results.get("generated") or "")[:10]))
     else:

@@ -51,6 +51,15 @@ def test_protected_with_graph():
                           "graph (2 traced) right.")
 
 
+def test_a_site_only_the_graph_child_traced_is_counted_once():
+    """The graph child imports torch_xla (so its guard is patched there) where this process did not:
+    the count names every site either self-test saw, once."""
+    out = check.decide([], events_of(event_site(FABRIC)),
+                       graph_of({FABRIC: graph_site(), "torch_xla.core.xla_model:optimizer_step": graph_site()}))
+    assert out.reason == ("PROTECTED: 2 call site(s) patched, guarded or fixed upstream; event order and XLA "
+                          "graph (2 traced) right."), out.reason
+
+
 @pytest.mark.parametrize("graph, why", [(None, "torch_xla is not importable here"), (False, "--no-graph")])
 def test_protected_without_graph_says_the_graph_was_not_checked(graph, why):
     out = check.decide([], events_of(event_site(FABRIC)), graph)
