@@ -126,3 +126,47 @@ def test_fingerprint_check_against_the_table_is_by_code_not_by_release_name():
     assert script.compare({"fabric-1.9": {"1.9.5": "sha256:a"}}, table, by_release=False) == []
     assert script.compare({"fabric-1.9": {"1.9.5": "sha256:b"}}, table, by_release=False)
     assert script.compare({"fabric-1.9": {"1.9.5": "sha256:a"}}, table, by_release=True)
+
+
+# ------------------------------------------------------------------ release ranges without packaging.specifiers
+
+_TRICKY = ["0.4.0", "1.2.0rc1", "1.2.0", "1.8.6", "1.8.6.post1", "1.9.0rc0", "1.9.0.dev3", "1.9.0", "1.9.0+cu118",
+           "2.6.6", "2.6.7rc1", "2.6.7", "2.6.7.post1", "2.1.0+libtpu", "2.1.0rc2", "2.9.0+git1a2b3c",
+           "2.10.0a0", "2.10", "1!0.1", "1.15.0", "1.15.1.dev0", "1.15.1", "0.27.2", "0.28.0b1", "3.0"]
+
+
+def test_in_range_agrees_with_packaging_specifiers_on_every_table_range():
+    """The table's ranges are decided without importing packaging.specifiers; the result must equal
+    SpecifierSet.contains(prereleases=True) for releases of every kind (pre, post, dev, local, epoch)."""
+    from packaging.specifiers import SpecifierSet
+
+    from tpu_closure_fix import releases, sites
+
+    ranges = sorted({row.releases for row in sites.CALL_SITES}) + [">=1.2.0rc1,<2.6.7rc2", ">=2.1.0"]
+    checked = 0
+    for spec in ranges:
+        for release in _TRICKY:
+            want = SpecifierSet(spec).contains(release, prereleases=True)
+            assert releases.in_range(release, spec) is want, (release, spec, want)
+            checked += 1
+    assert checked >= len(_TRICKY) * 10
+
+
+def test_table_ranges_take_the_fast_path_and_others_fall_back():
+    """Every range of the table is parsed without packaging.specifiers (asserted in a fresh interpreter);
+    a clause of another kind (``~=``, ``==``, ``!=``) is still answered, by packaging.specifiers."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from tpu_closure_fix import releases, sites\n"
+            "[releases.in_range('1.8.6', row.releases) for row in sites.CALL_SITES]\n"
+            "print('packaging.specifiers' in sys.modules)")
+    env = dict(__import__("os").environ, TPU_CLOSURE_FIX="0")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "False", out.stdout + out.stderr
+
+    from tpu_closure_fix import releases
+
+    assert releases.in_range("1.8.3", "~=1.8.0") and not releases.in_range("1.9.0", "~=1.8.0")
+    assert releases.in_range("2.0.9", "==2.0.*") and not releases.in_range("2.1.0", "!=2.1.0,>=2.0")
+    assert not releases.in_range("not a version", ">=1.0")
