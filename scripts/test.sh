@@ -7,13 +7,14 @@
 #                                        torch_xla 2.1 + pytorch-lightning 1.8.6, and
 #                                        torch_xla 2.9 + lightning-fabric/pytorch-lightning/lightning 2.6.6)
 # and ends with one closing line 'N passed, N failed, N skipped' over all of them.
-# The matrix runs all 21 targets (about 20 min on 2 cores); options go to scripts/matrix.py
+# The matrix runs all 25 targets (about 37 min on 2 cores); options go to scripts/matrix.py
 # (`--smoke`: one target per call-site family; `--targets A,B`; `--no-prune` keeps every
 # target folder, about 2.3 GiB, instead of deleting each after its tests: its wheels stay
 # cached in .cache/wheels either way).  Free disk is printed before each stage.  Disk under
 # .cache/: the two torch_xla venvs take 5.1 GiB (2.1) and 7.1 GiB (2.9) (du -h) and are kept for the next
 # run; with the base venv (0.9 GiB), the demo's dependencies (0.3 GiB), the wheel cache and the
-# matrix's two target folders the run peaks at about 14 GiB.
+# matrix's two target folders .cache/ ends at about 14 GiB, and the run peaks at about 15.5 GiB
+# written (while the torch_xla wheels are unpacked).  A fresh-clone run takes about 50 min.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh || exit 1
