@@ -378,8 +378,7 @@ def _patch_site(key, module):
 
 
 def _base_patched(site):
-    return any((row.module, row.qualname) in _state.patches for row in _sites.CALL_SITES
-               if row.package == site.package and row.qualname == site.inherits and not row.inherits)
+    return any((row.module, row.qualname) in _state.patches for row in _sites.base_rows(site))
 
 
 def _patch_module(module, name=None):

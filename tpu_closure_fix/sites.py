@@ -69,6 +69,12 @@ def rows_for(module, qualname=None):
     return [s for s in CALL_SITES if s.module == module and (qualname is None or s.qualname == qualname)]
 
 
+def base_rows(site):
+    """The rows whose method an inheriting row (``inherits`` set) inherits: same package, that qualname."""
+    return [row for row in CALL_SITES
+            if row.package == site.package and row.qualname == site.inherits and not row.inherits]
+
+
 def module_names():
     """Modules the engine watches, in table order."""
     names = []
