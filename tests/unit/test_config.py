@@ -52,6 +52,19 @@ def test_startup_module_agrees_with_package():
     assert startup.WATCHED_PACKAGES == sites.top_level_packages()
 
 
+def test_entry_points_name_the_watched_packages():
+    """pyproject.toml's entry-point group ``tpu_closure_fix`` (wrapt, autowrapt) names every watched package."""
+    with open(os.path.join(REPO, "pyproject.toml")) as handle:
+        section = handle.read().split("[project.entry-points.tpu_closure_fix]", 1)[1].split("\n[", 1)[0]
+    names = {}
+    for line in section.splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, value = (part.strip() for part in line.split("=", 1))
+            names[key] = value.strip('"')
+    assert set(names) == sites.top_level_packages()
+    assert set(names.values()) == {"_tpu_closure_fix_startup:on_watched_import"}
+
+
 @pytest.mark.parametrize("raw,disabled", [("0", True), ("OFF", True), ("1", False), ("maybe", False), (None, False)])
 def test_startup_module_switch(raw, disabled, monkeypatch):
     startup = load_startup()

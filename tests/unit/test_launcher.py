@@ -38,7 +38,7 @@ except ImportError:
     cwd_module = False
 print(json.dumps({
     "pythonpath": os.environ.get("PYTHONPATH"),
-    "armed": any(type(f).__module__ == "_tpu_closure_fix_startup" for f in sys.meta_path),
+    "armed": any(f is sys.modules.get("_tpu_closure_fix_startup") for f in sys.meta_path),
     "own_sitecustomize_runs": getattr(builtins, "OWN_SITECUSTOMIZE_RUNS", 0),
     "cwd_module": cwd_module,
 }))

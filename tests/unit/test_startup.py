@@ -1,0 +1,131 @@
+"""The start-up watcher (startup/_tpu_closure_fix_startup.py), each case in a fresh interpreter.
+
+The interpreters run with ``-S`` (no site, so no installed .pth arms anything first) and a
+PYTHONPATH of: a folder for this test's stand-in ``torch_xla`` (an empty package, only there to be a
+watched name), the repository's startup/ and the repository (the real ``tpu_closure_fix``), then
+the base venv's site-packages (wrapt, packaging). Each case prints one JSON line that says what
+is on ``sys.meta_path`` and what was imported; each armed case has its ``TPU_CLOSURE_FIX=0`` twin.
+"""
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STARTUP = os.path.join(REPO, "startup")
+
+#: Printed by every case: how often the watcher is on sys.meta_path, whether it is first, and
+#: whether the shim's package was imported.
+REPORT = """
+import json, sys
+watcher = sys.modules.get("_tpu_closure_fix_startup")
+print(json.dumps({
+    "armed": sum(1 for f in sys.meta_path if f is watcher),
+    "first": bool(sys.meta_path) and sys.meta_path[0] is watcher,
+    "activated": "tpu_closure_fix" in sys.modules,
+    "wrapt": "wrapt" in sys.modules,
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def standin(tmp_path_factory):
+    """A folder holding an empty ``torch_xla`` package: a watched top-level name, nothing more."""
+    root = tmp_path_factory.mktemp("standin")
+    (root / "torch_xla").mkdir()
+    (root / "torch_xla" / "__init__.py").write_text("")
+    return str(root)
+
+
+def run(code, standin, switch=None, with_package=True):
+    """Run ``code`` then REPORT in a fresh ``python -S``; return (report, stderr)."""
+    path = [standin, STARTUP] + ([REPO, sysconfig.get_paths()["purelib"]] if with_package else [])
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TPU_CLOSURE_FIX", "PYTHONSTARTUP")}
+    env["PYTHONPATH"] = os.pathsep.join(path)
+    if switch is not None:
+        env["TPU_CLOSURE_FIX"] = switch
+    proc = subprocess.run([sys.executable, "-S", "-c", code + REPORT], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=standin)  # the working directory is on sys.path: never the repo
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_importing_arms_once_and_first(standin):
+    report, stderr = run("import _tpu_closure_fix_startup as s\ns.install()\ns.install()\n", standin)
+    assert report == {"armed": 1, "first": True, "activated": False, "wrapt": False}
+    assert stderr == ""
+
+
+def test_importing_arms_nothing_when_switched_off(standin):
+    report, _ = run("import _tpu_closure_fix_startup as s\ns.install()\n", standin, switch="0")
+    assert report["armed"] == 0 and report["activated"] is False
+
+
+def test_other_imports_leave_it_armed(standin):
+    report, _ = run("import _tpu_closure_fix_startup\nimport json, email.message\n", standin)
+    assert report["armed"] == 1 and report["activated"] is False
+
+
+def test_watched_import_disarms_and_activates(standin):
+    report, stderr = run("import _tpu_closure_fix_startup\nimport torch_xla\n", standin)
+    assert report == {"armed": 0, "first": False, "activated": True, "wrapt": True}
+    assert "Warning" not in stderr
+
+
+def test_watched_import_switched_off_twin(standin):
+    report, _ = run("import _tpu_closure_fix_startup\nimport torch_xla\n", standin, switch="off")
+    assert report["armed"] == 0 and report["activated"] is False and report["wrapt"] is False
+
+
+def test_late_import_with_a_watched_package_loaded_activates_at_once(standin):
+    report, _ = run("import torch_xla\nimport _tpu_closure_fix_startup\n", standin)
+    assert report["armed"] == 0 and report["activated"] is True
+    report, _ = run("import torch_xla\nimport _tpu_closure_fix_startup\n", standin, switch="no")
+    assert report["armed"] == 0 and report["activated"] is False
+
+
+def test_failed_activation_warns_once_and_the_import_goes_on(standin):
+    """tpu_closure_fix not importable: the watched import still succeeds, with one warning on stderr."""
+    report, stderr = run("import _tpu_closure_fix_startup\nimport torch_xla\nimport torch_xla\n"
+                         "import importlib; importlib.invalidate_caches()\n", standin, with_package=False)
+    assert report["armed"] == 0 and report["activated"] is False
+    assert stderr.count("RuntimeWarning: tpu-closure-fix could not activate (ModuleNotFoundError") == 1, stderr
+
+
+def test_uninstall(standin):
+    report, _ = run("import _tpu_closure_fix_startup as s\ns.uninstall()\ns.uninstall()\n", standin)
+    assert report["armed"] == 0 and report["activated"] is False
+
+
+def test_the_finder_keeps_no_other_module_alive_at_exit(standin):
+    """What sits on sys.meta_path lives until the interpreter's last clean-up pass, which clears the
+    globals of every module still alive then, entry by entry (``python -v``: ``# cleanup[3] wiping``).
+    Armed, the watcher may add itself to that list and nothing else (a global ``os`` would add
+    os, stat, posixpath...: 0.45 million instructions at every exit). Twin: the same interpreter with
+    the switch off, where the module is imported but not armed."""
+    def wiped(switch):
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TPU_CLOSURE_FIX")}
+        env.update(PYTHONPATH=os.pathsep.join([standin, STARTUP]), TPU_CLOSURE_FIX=switch)
+        proc = subprocess.run([sys.executable, "-S", "-v", "-c", "import _tpu_closure_fix_startup"], env=env,
+                              capture_output=True, text=True, timeout=120, cwd=standin)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return {line.split()[-1] for line in proc.stderr.splitlines() if line.startswith("# cleanup[3] wiping ")}
+
+    armed, unarmed = wiped("1"), wiped("0")
+    assert "_tpu_closure_fix_startup" in armed and "_tpu_closure_fix_startup" not in unarmed
+    assert armed - unarmed == {"_tpu_closure_fix_startup"}, armed - unarmed
+
+
+def test_the_module_has_no_module_among_its_globals_but_sys():
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("_startup_globals_under_test",
+                                                  os.path.join(STARTUP, "_tpu_closure_fix_startup.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # outside sys.modules: install() arms nothing
+    assert sorted(k for k, v in vars(module).items() if isinstance(v, types.ModuleType)) == ["sys"]
+    assert not any(isinstance(v, type) for v in vars(module).values()), "no class: the module is the finder"
