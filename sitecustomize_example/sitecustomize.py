@@ -3,7 +3,7 @@
 Put this directory on PYTHONPATH (``PYTHONPATH=/path/to/sitecustomize_example``)
 or copy the file into a directory that is. Python imports ``sitecustomize`` at
 start-up; this one arms the same lazy watcher the .pth file arms: nothing but
-``os``/``sys`` is touched until a Lightning package is imported, and
+that small module is loaded until a watched package is imported, and
 ``TPU_CLOSURE_FIX=0`` disables it. Requires tpu-closure-fix to be installed
 (the wheel ships the ``_tpu_closure_fix_startup`` module this file imports).
 

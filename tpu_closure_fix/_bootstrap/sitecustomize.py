@@ -4,7 +4,7 @@ Shipped inside the installed package (``tpu_closure_fix/_bootstrap/``);
 ``tpu-closure-fix run`` puts this directory first on ``PYTHONPATH``, so every
 Python interpreter started under it imports this file at start-up. It arms the
 same lazy watcher as the ``.pth`` file (``_tpu_closure_fix_startup.install()``:
-nothing beyond ``os``/``sys`` until a package the shim patches is imported;
+nothing beyond that small module until a package the shim patches is imported;
 ``TPU_CLOSURE_FIX=0`` disables it), then imports the next ``sitecustomize`` on
 ``sys.path``, if any, so an image's own sitecustomize keeps working.
 
