@@ -54,7 +54,7 @@ NOT_INSTALLED = "not installed"
 NOT_IMPORTED = "not imported yet"
 ABSENT = "not in this release"
 DISABLED = "disabled"
-GUARDED = "guarded"  # the site itself is skipped, but its buggy call goes through a patched guard
+GUARDED = "guarded"  # the site's fix is not in place (skipped or failed), but its buggy call goes through a patched guard
 SKIPPED = "skipped"
 FAILED = "failed"
 PATCHABLE = "patchable"  # internal: guards passed, not patched yet
@@ -148,11 +148,12 @@ def examine(key, module=None):
     owner resolves is this package's wrapper.
     """
     finding = _examine(key, module)
-    if finding.verdict == SKIPPED:
+    if finding.verdict in (SKIPPED, FAILED):  # the release's own code is in place: is its call guarded?
         guard = _covering_guard(key, module)
         if guard:
+            reason = finding.reason if finding.verdict == SKIPPED else "its fix failed: %s" % finding.reason
             return finding._replace(verdict=GUARDED, reason="%s; its call goes through the patched %s guard"
-                                    % (finding.reason, guard))
+                                    % (reason, guard))
     return finding
 
 

@@ -110,7 +110,9 @@ def test_shim_hook_raises(tmp_path):
     # The site keeps Lightning's function; its xm.optimizer_step(closure) call goes through the torch_xla guard.
     assert out["global_step"] == 2 and out["depth"] == 0 and out["events"] == GUARDED * 2
     site = by_method(out["status"])["TPUPrecisionPlugin.optimizer_step"]
-    assert site["verdict"] == "failed" and "RuntimeError: injected fault" in site["reason"], site
+    # Protected, and said so: the site's own fix failed, but its call goes through the patched guard.
+    assert site["verdict"] == "guarded" and "its fix failed: RuntimeError: injected fault" in site["reason"], site
+    assert "torch_xla guard" in site["reason"], site
     assert len(warned) == 1 and "injected fault" in warned[0], stderr[-3000:]
 
 
