@@ -6,27 +6,29 @@ Usage::
     python scripts/matrix.py [--targets A,B] [--smoke] [--install-jobs N] [--results DIR] [--prune]
 
 First the wheels of every target are fetched into the local wheel cache
-(scripts/targets.py ``fetch``, in parallel, ``--install-jobs``).  Then, one target at a time:
+(scripts/targets.py ``fetch``, in parallel, ``--install-jobs``).  Then each target, in
+``--jobs`` workers (default 2; the slowest targets first, see SLOWEST):
 
-1. install it offline from the wheel cache (scripts/targets.py ``install``; the next
-   target's install overlaps this target's tests); a target that cannot fetch or
-   install FAILS, with pip's error;
+1. install it offline from the wheel cache (scripts/targets.py ``install``, a few seconds);
+   a target that cannot fetch or install FAILS, with pip's error;
 2. run ``tpu-closure-fix status --json`` under it (``python -m tpu_closure_fix``
    with the target folder on PYTHONPATH) and count the call sites it reports
    patched / fixed upstream;
-3. run ``python -m pytest tests/target -q`` with ``PYTHONPATH=<target dir>`` and
-   ``TPU_CLOSURE_FIX_TARGET=<name>``; exit code 5 (no tests collected) is a failure.
+3. run ``python -m pytest tests/target -q`` with ``PYTHONPATH=<target dir>``,
+   ``TPU_CLOSURE_FIX_TARGET=<name>``, its own private ``--basetemp`` and its worker's
+   ``TPU_CLOSURE_FIX_PORT_BLOCK`` (the replicas' rendezvous ports of two workers never
+   meet: tests/target/conftest.py); exit code 5 (no tests collected) is a failure.
    The tests write ``<results>/<slug>.json`` (steps compared, divergences...);
    pytest's output goes to ``<results>/<slug>.pytest.log``;
 4. with ``--prune``, delete the target's folder (its wheels stay cached), so the
-   matrix needs the disk of two targets instead of all 21 (about 2.3 GiB).
+   matrix needs the disk of ``--jobs`` targets instead of all of them (about 2.3 GiB).
 
 Then it prints one line per target and writes ``<results>/matrix.json``
 (default ``results/``, gitignored). Exit status 1 if any target failed.
 
 ``--smoke``: one target per call-site family instead of all of them (see SMOKE).
-Tests run one target at a time: each test run already keeps 2 replica processes
-busy, which is all of a 2-core machine.
+Two workers on 2 cores: one target's tests keep about 1.1 cores busy on average
+(most of a run is one subprocess at a time; only the replica runs use both cores).
 
 Python 3.8+, standard library only.
 """
@@ -39,8 +41,11 @@ import importlib.util
 import json
 import os
 import platform
+import queue
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -52,6 +57,10 @@ PYTEST_TIMEOUT = 1800
 #: fixed Trainer + Fabric TPUPrecision, Fabric XLAPrecision, accelerate's XLA step).
 SMOKE = ("pytorch-lightning==1.4.9", "pytorch-lightning==1.8.6", "pytorch-lightning==1.9.5",
          "lightning-fabric==2.6.6", "accelerate==1.15.0")
+
+#: Started first, so that no long target is left running alone at the end: the targets that run the
+#: most test modules (tests/target/conftest.py ONLY_ON); about 700 s, 400 s and 300 s on a slow day.
+SLOWEST = ("pytorch-lightning==1.8.6", "lightning-fabric==2.6.6", "pytorch-lightning==1.8.6+wrapt==1.14.1")
 
 
 def load_targets():
@@ -74,19 +83,20 @@ def run(cmd, env, timeout, cwd=REPO):
         return None, out + "\n[timed out after %ds]" % timeout, time.time() - start
 
 
-def target_env(path, name, results):
+def target_env(path, name, results, slot=0):
     env = dict(os.environ)
     env["PYTHONPATH"] = str(path)
     env["PYTHONNOUSERSITE"] = "1"
     env["TPU_CLOSURE_FIX_TARGET"] = name
     env["TPU_CLOSURE_FIX_RESULTS"] = results
+    env["TPU_CLOSURE_FIX_PORT_BLOCK"] = str(slot)
     env.pop("TPU_CLOSURE_FIX", None)  # status runs as a user would: shim on by default
     return env
 
 
-def status(path, name, results):
+def status(path, name, results, slot):
     """(records, wrapt version, error) from ``tpu-closure-fix status --json`` under the target."""
-    env = target_env(path, name, results)
+    env = target_env(path, name, results, slot)
     code, out, _ = run([sys.executable, "-W", "ignore", "-m", "tpu_closure_fix", "status", "--json"], env, 600)
     records, error = None, None
     try:
@@ -98,12 +108,18 @@ def status(path, name, results):
     return records, wrapt_version, error
 
 
-def pytest_target(path, name, results):
-    env = target_env(path, name, results)
+def pytest_target(path, name, results, slot):
+    env = target_env(path, name, results, slot)
     junit = os.path.join(results, "junit-target-%s.xml" % "".join(c if c.isalnum() or c in ".-" else "-" for c in name))
-    cmd = [sys.executable, "-m", "pytest", "tests/target", "-q", "-p", "no:cacheprovider", "--junitxml=" + junit]
-    code, out, seconds = run(cmd, env, PYTEST_TIMEOUT)
-    return code, out, seconds
+    # a private base folder per run: pytest's shared default (pytest-of-<user>) prunes the
+    # folders of other runs, which two concurrent runs must not do to each other
+    basetemp = tempfile.mkdtemp(prefix="tcf-matrix-")
+    cmd = [sys.executable, "-m", "pytest", "tests/target", "-q", "-p", "no:cacheprovider", "--junitxml=" + junit,
+           "--basetemp", os.path.join(basetemp, "pytest")]
+    try:
+        return run(cmd, env, PYTEST_TIMEOUT)
+    finally:
+        shutil.rmtree(basetemp, ignore_errors=True)
 
 
 def fmt(value):
@@ -118,7 +134,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--targets", help="comma-separated target names (default: all)")
     parser.add_argument("--smoke", action="store_true", help="one target per call-site family: %s" % ", ".join(SMOKE))
-    parser.add_argument("--install-jobs", type=int, default=3, help="parallel installs (default 3)")
+    parser.add_argument("--install-jobs", type=int, default=3, help="parallel wheel fetches (default 3)")
+    parser.add_argument("--jobs", type=int, default=2, choices=range(1, 9), metavar="{1..8}",
+                        help="targets tested at the same time (default 2)")
     parser.add_argument("--results", default=DEFAULT_RESULTS, help="results folder (default results/)")
     parser.add_argument("--prune", action="store_true",
                         help="delete each target's folder after its tests (its wheels stay cached): "
@@ -157,51 +175,47 @@ def main(argv=None):
     fetch_seconds = time.time() - started
     install_seconds = 0.0
 
-    # 2-4. install (offline, from the wheel cache; the next target's install overlaps this
-    # target's tests), status, tests, and with --prune delete the folder afterwards, so at
-    # most two target folders exist at a time
-    todo = [n for n in names if n not in fetch_errors]
-    installer = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    pending = {}
+    # 2-4. per target, in --jobs workers: install (offline, from the wheel cache), status, tests,
+    # and with --prune delete the folder afterwards, so at most --jobs target folders exist at a time
+    rows = {name: {"target": name, "verdict": "fail", "pytest_exit": None, "error": None} for name in names}
+    for name in fetch_errors:
+        rows[name]["error"] = "install failed: " + fetch_errors[name]
+    todo = sorted((n for n in names if n not in fetch_errors), key=lambda n: n not in SLOWEST)
+    slots = queue.Queue()  # a worker's slot number picks its block of rendezvous ports
+    for slot in range(args.jobs):
+        slots.put(slot)
+    install_times = []
 
-    def schedule(index):
-        if index < len(todo):
-            pending[todo[index]] = installer.submit(timed_install, targets_mod, todo[index])
-
-    schedule(0)
-    rows = {}
-    try:
-        for name in names:
-            row = {"target": name, "verdict": "fail", "pytest_exit": None, "error": None}
-            rows[name] = row
-            if name in fetch_errors:
-                row["error"] = "install failed: " + fetch_errors[name]
-                continue
-            future = pending.pop(name)
-            schedule(todo.index(name) + 1)  # the next install overlaps this target's tests
+    def process(name):
+        slot = slots.get()
+        try:
             try:
-                path, seconds = future.result()
-                install_seconds += seconds
+                path, seconds = timed_install(targets_mod, name)
+                install_times.append(seconds)
             except Exception as exc:  # TargetError carries pip's / the import check's stderr
-                row["error"] = "install failed: %s: %s" % (type(exc).__name__, exc)
+                rows[name]["error"] = "install failed: %s: %s" % (type(exc).__name__, exc)
                 print("INSTALL FAILED %s:\n%s" % (name, exc), flush=True)
-                continue
-            try:
-                test_target(targets_mod, name, path, row, results)
-            finally:
-                if args.prune:
-                    targets_mod.remove(name)
-    finally:
-        installer.shutdown(wait=True)
+                return
+            test_target(targets_mod, name, path, rows[name], results, slot)
+        finally:
+            if args.prune:
+                targets_mod.remove(name)
+            slots.put(slot)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as workers:
+        for future in [workers.submit(process, name) for name in todo]:
+            future.result()  # a failure of the runner itself (not of a target) stops the matrix
+    install_seconds = sum(install_times)
 
     wall = time.time() - started
     report = render(names, rows)
     print()
     print(report)
     failed = [n for n in names if rows[n]["verdict"] != "pass"]
-    print("\n%d target(s), %d passed, %d failed; wall time %.1f min (wheel fetch %.1f min; installs %.1f min,"
-          " overlapping the tests)" % (len(names), len(names) - len(failed), len(failed), wall / 60.0,
-                                       fetch_seconds / 60.0, install_seconds / 60.0))
+    print("\n%d target(s), %d passed, %d failed; wall time %.1f min with %d worker(s) (wheel fetch %.1f min;"
+          " installs %.1f min, overlapping other targets' tests)" % (len(names), len(names) - len(failed), len(failed),
+                                                                    wall / 60.0, args.jobs, fetch_seconds / 60.0,
+                                                                    install_seconds / 60.0))
     for name in failed:
         print("\nFAILED %s:\n%s" % (name, rows[name]["error"]))
 
@@ -213,6 +227,7 @@ def main(argv=None):
         "wall_seconds": round(wall, 1),
         "fetch_seconds": round(fetch_seconds, 1),
         "install_seconds": round(install_seconds, 1),
+        "jobs": args.jobs,
         "pruned": args.prune,
         "targets": rows,
         "order": names,
@@ -229,13 +244,13 @@ def timed_install(targets_mod, name):
     return path, time.time() - start
 
 
-def test_target(targets_mod, name, path, row, results):
-    """Status and tests of one installed target; fills ``row`` (verdict, error, summary...)."""
+def test_target(targets_mod, name, path, row, results, slot):
+    """Status and tests of one installed target in worker ``slot``; fills ``row`` (verdict, error, summary...)."""
     row["path"] = path
     summary_path = os.path.join(results, targets_mod.slug(name) + ".json")
     if os.path.exists(summary_path):
         os.remove(summary_path)
-    records, wrapt_version, error = status(path, name, results)
+    records, wrapt_version, error = status(path, name, results, slot)
     row["wrapt"] = wrapt_version
     if records is not None:
         present = [r for r in records if r["verdict"] not in ("not installed", "not in this release")]
@@ -245,7 +260,7 @@ def test_target(targets_mod, name, path, row, results):
         row["sites_fixed_upstream"] = sum(1 for r in present if r["verdict"] == "fixed upstream")
         row["sites_other"] = sum(1 for r in present if r["verdict"] not in ("patched", "fixed upstream"))
     print("testing %s ..." % name, flush=True)
-    code, out, seconds = pytest_target(path, name, results)
+    code, out, seconds = pytest_target(path, name, results, slot)
     with open(os.path.join(results, targets_mod.slug(name) + ".pytest.log"), "w") as handle:
         handle.write(out)
     row["pytest_exit"] = code

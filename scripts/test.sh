@@ -7,7 +7,8 @@
 #                                        torch_xla 2.1 + pytorch-lightning 1.8.6, and
 #                                        torch_xla 2.9 + lightning-fabric/pytorch-lightning/lightning 2.6.6)
 # and ends with one closing line 'N passed, N failed, N skipped' over all of them.
-# The matrix runs all 25 targets (about 37 min on 2 cores); options go to scripts/matrix.py
+# The matrix runs all 25 targets, two at a time (15 min on 2 cores on a quiet day: 25.6 min of target
+# tests, one target's run keeps about 1.1 cores busy); options go to scripts/matrix.py
 # (`--smoke`: one target per call-site family; `--targets A,B`; `--no-prune` keeps every
 # target folder, about 2.3 GiB, instead of deleting each after its tests: its wheels stay
 # cached in .cache/wheels either way).  Free disk is printed before each stage.  Disk under

@@ -8,7 +8,6 @@ Lightning release); with it, a target that does not import is a failure.
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -25,6 +24,9 @@ REPO = os.path.dirname(TESTS)
 TARGET = os.environ.get("TPU_CLOSURE_FIX_TARGET")
 if TESTS not in sys.path:  # ``support`` is importable however pytest is started (repo root or tests/)
     sys.path.insert(0, TESTS)
+
+from support import ports  # noqa: E402  (needs the path above)
+
 REPLICAS = 2
 TIMEOUT = 600
 
@@ -120,12 +122,6 @@ def run_module(module, args=(), cwd=None, pythonpath=None, env=None, python=None
     return json.loads(lines[-1][len(PROBE_MARK):]), proc
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def child_env(shim, extra=None, path_first=()):
     """The environment of a child: the shim on or off, the repo and ``tests`` on the path after
     ``path_first`` (a modified copy of a package that must shadow the target's)."""
@@ -146,7 +142,7 @@ def run_replicas(scenarios, shim, tmp_path, world=REPLICAS, path_first=(), modul
     ``path_first``: folders put before everything else on the replicas' path (see child_env)."""
     from tpu_closure_fix.verify.child import run_children
 
-    port = _free_port()
+    port = ports.free_port()
     outs = [str(tmp_path / ("shim%d-rank%d.json" % (int(shim), rank))) for rank in range(world)]
     commands = [[sys.executable, "-m", module, "--rank", str(rank), "--world", str(world),
                  "--port", str(port), "--scenarios", json.dumps(scenarios), "--out", out]
