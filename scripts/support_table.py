@@ -91,30 +91,33 @@ def strategy_of(site):
     return site.fix.describe()
 
 
-def scenarios_for(site, target):
+def scenarios_for(site, target, hook="matrix_scenarios"):
     """Scenarios of ``target`` that ran through ``site``: asked of the site's integration
-    (``integrations/<name>/verify.py: matrix_scenarios``); none if it has no such function."""
+    (``integrations/<name>/verify.py``: ``matrix_scenarios`` where the target installs the site's
+    package, ``double_scenarios`` where a test double stands in for it); none without the function."""
     import importlib
 
     try:
         verify = importlib.import_module("tpu_closure_fix.integrations.%s.verify" % site.integration)
     except ImportError:
         return []
-    choose = getattr(verify, "matrix_scenarios", None)
+    choose = getattr(verify, hook, None)
     return choose(site, target) if choose is not None else []
 
 
 def evidence(site, name, target):
     """One target's verification of ``site``: text, or None if the target does not carry the row."""
     hits = [r for r in target.get("status") or [] if r.get("variant") == site.variant]
-    if not hits:
+    scenarios = scenarios_for(site, target) if hits else scenarios_for(site, target, "double_scenarios")
+    if not hits and not scenarios:
         return None
-    release = hits[0].get("release")
-    scenarios = scenarios_for(site, target)
+    release = hits[0].get("release") if hits else None
     details = target.get("scenarios") or {}
     label = "`%s`" % name
     if target.get("wrapt") and "+wrapt" in name:
         label += " (wrapt %s)" % target["wrapt"]
+    if not hits:
+        label += " (%s: the test double)" % site.package
     if release and release not in name:
         label += " (%s)" % release
     if target.get("verdict") != "pass":

@@ -1,7 +1,8 @@
 """The generated support table credits each row with the matrix scenarios that ran through it.
 
 Which scenarios those are is each integration's knowledge (``integrations/<name>/verify.py:
-matrix_scenarios``); the script only formats them. Fed trimmed matrix results written here.
+matrix_scenarios``, and ``double_scenarios`` for a package the matrix replaces with its test double);
+the script only formats them. Fed trimmed matrix results written here.
 """
 import importlib.util
 import os
@@ -70,3 +71,35 @@ def test_a_row_whose_target_ran_no_scenario_says_only_its_status():
     results["targets"]["accelerate==1.15.0"]["scenarios_run"] = []
     line = _line(script.build_table(results), "accelerate `>=1.7.0,")
     assert "`accelerate==1.15.0`: status `patched`" in line
+
+
+def _with_guard_scenarios():
+    results = _results()
+    fabric = results["targets"]["lightning-fabric==2.6.6"]
+    fabric["scenarios_run"] = ["lite-sgd", "xla-sgd", "xla-lbfgs"]
+    fabric["scenarios"].update({"xla-sgd": _scenario(without=0.375), "xla-lbfgs": _scenario(without=0.0625)})
+    return results
+
+
+def test_the_guard_row_is_credited_with_the_plain_loop_scenarios_over_the_test_double():
+    script = _script()
+    table = script.build_table(_with_guard_scenarios())
+    guard = _line(table, "torch_xla `>=2.1.0")
+    assert ("`lightning-fabric==2.6.6` (torch_xla: the test double): sgd, lbfgs = reference bitwise; "
+            "without shim diverge (max 0.38)") in guard
+    assert "accelerate==1.15.0" not in guard
+    fabric = _line(table, "lightning_fabric `>=2.1.0")
+    assert "lbfgs" not in fabric and "test double" not in fabric
+
+
+def test_without_plain_loop_scenarios_the_guard_row_is_not_in_the_matrix():
+    script = _script()
+    guard = _line(script.build_table(_results()), "torch_xla `>=2.1.0")
+    assert guard.endswith("| not in the matrix |")
+
+
+def test_a_row_of_an_installed_package_takes_no_scenarios_from_a_target_without_its_release():
+    script = _script()
+    table = script.build_table(_with_guard_scenarios())
+    older = _line(table, "lightning_fabric.plugins.precision.tpu:TPUPrecision.")  # the target carries the package, not this row
+    assert older.endswith("| not in the matrix |")

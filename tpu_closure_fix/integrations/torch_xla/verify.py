@@ -87,3 +87,15 @@ def reference_fix(target):
         return optimizer.step(closure=reduced_closure, **step_args)
 
     setattr(module, target.attribute, optimizer_step)
+
+
+def double_scenarios(site, target):
+    """Names of the scenarios of a release-matrix ``target`` (its trimmed summary) that ran the guard
+    over the torch_xla test double (the matrix installs no torch_xla, so its status has no row for it).
+
+    The ``xla-*`` scenarios: a plain PyTorch loop calling ``xm.optimizer_step(opt,
+    optimizer_args={"closure": closure})`` on 2 gloo replicas. The matrix has no real torch_xla
+    (no TPU): these run the guard over the test double, whose ``optimizer_step`` body is the
+    releases' (reduce, then step); the real releases are checked by tracing in tests/xla.
+    """
+    return [name for name in target.get("scenarios_run") or [] if name.startswith("xla-")]
