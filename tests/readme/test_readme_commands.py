@@ -6,7 +6,8 @@ document without an expectation below fails the test. Each runs with ``bash -c``
 from a user's machine, and why:
 
 * ``tpu-closure-fix`` is not on PyPI here: a wheel built from this checkout is offered to pip through
-  ``PIP_FIND_LINKS`` (pip's own configuration variable); everything else comes from the package index;
+  ``PIP_FIND_LINKS`` (pip's own configuration variable), ahead of the machine's own find-links;
+  everything else comes from those and the package index;
 * torch is the one installed first (``torch==2.13.0``, the local CPU build; a TPU image has its own),
   so pip does not pull a multi-GB CUDA build for the demo's Lightning.
 
@@ -63,6 +64,15 @@ def test_every_documented_command_has_an_expectation():
     assert not missing, "documented commands without an expected exit code here: %s" % missing
 
 
+def _machine_find_links():
+    """pip's find-links on this machine: its environment variable, else its configuration."""
+    if os.environ.get("PIP_FIND_LINKS"):
+        return os.environ["PIP_FIND_LINKS"].split()
+    proc = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.find-links"],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    return proc.stdout.split() if proc.returncode == 0 else []
+
+
 @pytest.fixture(scope="module")
 def user_env(tmp_path_factory):
     root = tmp_path_factory.mktemp("readme")
@@ -73,8 +83,11 @@ def user_env(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=TIMEOUT)
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "TPU_CLOSURE_FIX", "VIRTUAL_ENV", "PIP_FIND_LINKS")}
+    # the wheel's folder first, then the machine's own find-links (where the local CPU torch is):
+    # replacing them would have pip download torch's CUDA build (5 GB) from the index instead
+    find_links = " ".join([str(wheels)] + _machine_find_links())
     env.update(PATH=str(venv / "bin") + os.pathsep + env.get("PATH", ""), VIRTUAL_ENV=str(venv),
-               PIP_FIND_LINKS=str(wheels), PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONWARNINGS="ignore")
+               PIP_FIND_LINKS=find_links, PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONWARNINGS="ignore")
     subprocess.run(["pip", "install", "-q", "torch==2.13.0"], check=True, env=env, timeout=TIMEOUT,
                    cwd=str(root))
     return env, root
