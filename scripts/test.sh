@@ -14,8 +14,8 @@
 # cached in .cache/wheels either way).  Free disk is printed before each stage.  Disk under
 # .cache/: the two torch_xla venvs take 5.1 GiB (2.1) and 7.1 GiB (2.9) (du -h) and are kept for the next
 # run; with the base venv (0.9 GiB), the demo's dependencies (0.3 GiB), the wheel cache and the
-# matrix's two target folders .cache/ ends at about 14 GiB, and the run peaks at about 15.5 GiB
-# written (while the torch_xla wheels are unpacked).  A fresh-clone run takes about 50 min.
+# matrix's two target folders .cache/ ends at about 14 GiB, and the run peaks at about 15 GiB
+# written (while the torch_xla wheels are unpacked).  A fresh-clone run takes about 27 min.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh || exit 1
