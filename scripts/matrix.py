@@ -3,7 +3,7 @@
 
 Usage::
 
-    python scripts/matrix.py [--targets A,B] [--smoke] [--install-jobs N] [--results DIR] [--prune]
+    python scripts/matrix.py [--targets A,B] [--smoke] [--jobs N] [--install-jobs N] [--results DIR] [--prune]
 
 First the wheels of every target are fetched into the local wheel cache
 (scripts/targets.py ``fetch``, in parallel, ``--install-jobs``).  Then each target, in
@@ -17,7 +17,7 @@ First the wheels of every target are fetched into the local wheel cache
 3. run ``python -m pytest tests/target -q`` with ``PYTHONPATH=<target dir>``,
    ``TPU_CLOSURE_FIX_TARGET=<name>``, its own private ``--basetemp`` and its worker's
    ``TPU_CLOSURE_FIX_PORT_BLOCK`` (the replicas' rendezvous ports of two workers never
-   meet: tests/target/conftest.py); exit code 5 (no tests collected) is a failure.
+   meet: tests/support/ports.py); exit code 5 (no tests collected) is a failure.
    The tests write ``<results>/<slug>.json`` (steps compared, divergences...);
    pytest's output goes to ``<results>/<slug>.pytest.log``;
 4. with ``--prune``, delete the target's folder (its wheels stay cached), so the
@@ -94,9 +94,9 @@ def target_env(path, name, results, slot=0):
     return env
 
 
-def status(path, name, results, slot):
+def status(path, name, results):
     """(records, wrapt version, error) from ``tpu-closure-fix status --json`` under the target."""
-    env = target_env(path, name, results, slot)
+    env = target_env(path, name, results)
     code, out, _ = run([sys.executable, "-W", "ignore", "-m", "tpu_closure_fix", "status", "--json"], env, 600)
     records, error = None, None
     try:
@@ -250,7 +250,7 @@ def test_target(targets_mod, name, path, row, results, slot):
     summary_path = os.path.join(results, targets_mod.slug(name) + ".json")
     if os.path.exists(summary_path):
         os.remove(summary_path)
-    records, wrapt_version, error = status(path, name, results, slot)
+    records, wrapt_version, error = status(path, name, results)
     row["wrapt"] = wrapt_version
     if records is not None:
         present = [r for r in records if r["verdict"] not in ("not installed", "not in this release")]

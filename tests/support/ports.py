@@ -14,7 +14,7 @@ import socket
 BLOCK_VARIABLE = "TPU_CLOSURE_FIX_PORT_BLOCK"
 BLOCKS_START = 20000
 BLOCK_SIZE = 1000
-_picked = []
+_picks = 0
 
 
 def ephemeral_low(path="/proc/sys/net/ipv4/ip_local_port_range"):
@@ -43,12 +43,13 @@ def free_port(block=None, offset=None):
     low = ephemeral_low()
     if low is None or ports[-1] >= low:
         return _kernel_port()
+    global _picks
     if offset is None:
-        offset = os.getpid() + len(_picked)
+        offset = os.getpid() + _picks
     for step in range(BLOCK_SIZE):
         port = ports[(offset + step) % BLOCK_SIZE]
         if _bindable(port):
-            _picked.append(port)
+            _picks += 1
             return port
     raise AssertionError("no free port in %d..%d" % (ports[0], ports[-1]))
 
