@@ -30,3 +30,11 @@ def test_readme_is_short_and_its_links_exist():
     assert links
     missing = [link for link in links if "://" not in link and not os.path.exists(os.path.join(REPO, link))]
     assert not missing, missing
+
+
+def test_readme_shows_the_demo_picture_on_its_first_screen():
+    # The picture is the fastest way to see the bug: it belongs before the first section heading.
+    with open(os.path.join(REPO, "README.md")) as handle:
+        first_screen = handle.read().split("\n## ", 1)[0]
+    assert "](docs/demo.png)" in first_screen
+    assert os.path.getsize(os.path.join(REPO, "docs", "demo.png")) > 10000
