@@ -6,19 +6,20 @@ integration's rows, :mod:`tpu_closure_fix.integrations`) is patched now if
 already imported, or the moment it is imported.
 
 Public API: :func:`enable`, :func:`disable`, :func:`status`, :func:`is_enabled`,
-:class:`TPUClosureFixWarning`.
+:class:`TPUClosureFixWarning`; SyncCheck's :class:`SyncCheck`, :func:`check_sync` and
+:func:`compare_replicas` (:mod:`tpu_closure_fix.synccheck`).
 """
 from .__about__ import __version__
 from .config import ENV_VAR, TPUClosureFixWarning
 from .engine import disable, enable, is_enabled
 
 __all__ = ["__version__", "ENV_VAR", "TPUClosureFixWarning", "enable", "disable", "is_enabled", "status",
-           "SyncCheck", "check_sync"]
+           "SyncCheck", "check_sync", "compare_replicas"]
 
 #: Public names loaded on first use (PEP 562): the auto-enable imports this package in
 #: every process that imports Lightning, and these are not needed to patch (about 3.5 ms
 #: of module import, benchmarks/bench_import.py).
-_LAZY = {"status": "report", "SyncCheck": "synccheck", "check_sync": "synccheck"}
+_LAZY = {"status": "report", "SyncCheck": "synccheck", "check_sync": "synccheck", "compare_replicas": "synccheck"}
 
 
 def __getattr__(name):

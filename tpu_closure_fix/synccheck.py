@@ -1,17 +1,30 @@
 """SyncCheck: catch data-parallel replicas that silently train different models.
 
-Every ``every`` optimizer steps, each replica computes a cheap fingerprint of
-its parameters -- per parameter, the sum of its values and the sum of their
-absolute values -- and the replicas compare them with ONE small collective:
-the vector ``[f, -f, s]`` (3 floats per parameter) all-reduced with MAX gives
-``max f``, ``-min f`` and the largest scale ``s`` at once. A parameter whose
-``max f - min f`` exceeds ``tolerance * s`` differs across replicas.
+Every ``every`` optimizer steps, each replica fingerprints its parameters
+(:mod:`tpu_closure_fix.fingerprint`: per tensor, a 32-bit hash of its raw bits,
+its count of non-finite values and its value sum; plus a digest of the model's
+structure) into one fixed-length vector, and the replicas compare them with ONE
+collective: a MAX all-reduce of ``[v, -v]`` gives every field's largest and
+smallest value over the replicas at once. The outcome is one of:
+
+* ``identical``: every parameter bitwise equal on every replica;
+* ``differ``: some tensors' bits differ (named, with their value-sum spread as
+  "by how much"; a sum-preserving difference has spread 0 and is still caught);
+  a NaN/inf on some replicas only is a difference;
+* ``structure``: the replicas hold different models (tensor count, shapes or
+  dtypes), named in one message -- every replica still joins the same
+  collective, a replica without parameters too, so nothing crashes or hangs;
+* ``nonfinite``: NaN/inf parameters, bitwise the same everywhere: reported as
+  such (a warning), not as a divergence;
+* ``unverified``: no verdict possible (a replica could not fingerprint, the
+  collective failed), warned about once.
 
 Correctly synchronised replicas hold bitwise-identical parameters (same
-program, same reduced gradients), so their fingerprints are bitwise equal and
-the spread is exactly 0. With Lightning's TPU bug (the all-reduce running
-before the closure), the very first optimizer step already leaves each replica
-with its own local gradient step, and the spread only grows from there.
+program, same reduced gradients), so any bitwise difference is a divergence:
+there is no tolerance (the ``tolerance`` parameter is accepted and recorded for
+compatibility, and decides nothing). What could go unseen, and how likely: see
+:mod:`tpu_closure_fix.fingerprint` (one changed word: never; several: about
+2^-32 per tensor).
 
 Two ways to use it::
 
@@ -34,15 +47,15 @@ Every replica must call the check at the same steps (it is a collective): the
 callback keys on ``trainer.global_step``, which is the same on every replica.
 
 Default frequency, ``DEFAULT_EVERY = 100``: a check costs one pass over the
-parameters (a sum, an abs-sum), one collective of 3 floats per parameter tensor
-and one device-to-host copy of that vector. On XLA that copy forces the pending
-graph to run, so a check can cost up to about one extra step's synchronisation;
-even in that worst case, once every 100 steps keeps it under 1 % of the
-training time. The bug shows from the first step and never heals, so detecting
-it within 100 steps loses nothing. See docs/synccheck.md for the measured
-overhead (benchmarks/synccheck_overhead.py).
+parameters (hash and sums), one collective of a fixed-length vector
+(:func:`tpu_closure_fix.fingerprint.vector_length` floats) and one
+device-to-host copy of it. On XLA that copy forces the pending graph to run, so
+a check can cost up to about one extra step's synchronisation; even in that
+worst case, once every 100 steps keeps it under 1 % of the training time. The
+bug shows from the first step and never heals, so detecting it within 100 steps
+loses nothing. See docs/synccheck.md for the measured overhead
+(benchmarks/synccheck_overhead.py).
 """
-import math
 import sys
 import warnings
 
@@ -64,15 +77,34 @@ class ReplicaDivergenceError(RuntimeError):
         self.report = report
 
 
+#: The outcomes of a comparison. ``diverged`` is true for "differ" and "structure" only.
+OUTCOMES = ("identical", "differ", "structure", "nonfinite", "unverified")
+DIVERGED_OUTCOMES = ("differ", "structure")
+#: How many tensor names a message lists before "and N more".
+NAMES_IN_MESSAGE = 5
+
+
 class SyncReport(object):
     """The outcome of one cross-replica comparison.
 
-    ``divergence[i]`` is ``(max f - min f) / s`` for parameter ``names[i]``
-    (``f`` its sum over replicas' values, ``s`` the largest sum of absolute
-    values), ``spread[i]`` the absolute ``max f - min f``.
+    ``outcome`` is one of :data:`OUTCOMES`: ``"identical"`` (every parameter bitwise equal on every
+    replica), ``"differ"`` (``differing``: the indices of the tensors whose bits differ somewhere),
+    ``"structure"`` (the replicas hold different models: ``structure`` says how), ``"nonfinite"``
+    (NaN/inf parameters, bitwise the same on every replica: not a divergence) or ``"unverified"``
+    (``reason``: why no verdict was possible). ``diverged`` is true for "differ" and "structure".
+
+    For "by how much": ``spread[i]`` is ``max f - min f`` over the replicas of tensor ``names[i]``'s
+    value sum ``f`` and ``divergence[i]`` that spread relative to the largest sum of absolute values.
+    A sum-preserving difference (compensating changes, permuted rows) differs with a spread of 0.
+    With more tensors than fingerprint slots, tensors sharing a slot share these figures.
+    ``tolerance`` is recorded as given; it no longer decides anything (any bitwise difference is one).
+
+    A report made from figures alone (no ``outcome``) says "differ" for the tensors whose spread or
+    divergence is not 0, else "identical".
     """
 
-    def __init__(self, step, world_size, backend, names, spread, divergence, tolerance):
+    def __init__(self, step, world_size, backend, names, spread, divergence, tolerance, outcome=None,
+                 differing=None, nonfinite=(), structure=None, reason=None):
         self.step = step
         self.world_size = world_size
         self.backend = backend
@@ -80,12 +112,32 @@ class SyncReport(object):
         self.spread = spread
         self.divergence = divergence
         self.tolerance = tolerance
+        if differing is None:
+            differing = [i for i in range(len(names)) if spread[i] != 0 or divergence[i] != 0]
+        if outcome is None:
+            outcome = "differ" if differing else "identical"
+        if outcome not in OUTCOMES:
+            raise ValueError("outcome must be one of %s; got %r" % (", ".join(OUTCOMES), outcome))
+        self.outcome = outcome
+        self.differing = list(differing)
+        self.nonfinite = list(nonfinite)
+        self.structure = structure
+        self.reason = reason
+
+    @property
+    def diverged(self):
+        return self.outcome in DIVERGED_OUTCOMES
+
+    @property
+    def diverged_count(self):
+        return len(self.differing)
 
     @property
     def worst_index(self):
-        if not self.divergence:
+        """The differing tensor with the largest relative divergence (None when none differs)."""
+        if not self.differing:
             return None
-        return max(range(len(self.divergence)), key=lambda i: self.divergence[i])
+        return max(self.differing, key=lambda i: (self.divergence[i], -i))
 
     @property
     def worst_parameter(self):
@@ -96,29 +148,47 @@ class SyncReport(object):
     def max_divergence(self):
         return max(self.divergence) if self.divergence else 0.0
 
-    @property
-    def diverged_count(self):
-        return sum(1 for d in self.divergence if d > self.tolerance)
-
-    @property
-    def diverged(self):
-        return self.diverged_count > 0
+    def _listed(self, indices):
+        shown = ", ".join(repr(self.names[i]) for i in indices[:NAMES_IN_MESSAGE])
+        more = len(indices) - NAMES_IN_MESSAGE
+        return shown + (" and %d more" % more if more > 0 else "")
 
     def message(self):
+        if self.outcome == "structure":
+            return ("SyncCheck: data-parallel replicas hold different models at step %s (%d replicas): %s. "
+                    "Every replica must build the same model: the same parameter tensors, shapes and dtypes "
+                    "in the same order." % (self.step, self.world_size, self.structure))
+        if self.outcome == "nonfinite":
+            return ("SyncCheck: parameters hold non-finite values (NaN/inf) at step %s, bitwise the same on "
+                    "all %d replicas: the replicas agree (not a divergence), the training itself produced "
+                    "them: %s." % (self.step, self.world_size, self._listed(self.nonfinite)))
+        if self.outcome == "unverified":
+            return "SyncCheck could not compare the replicas at step %s: %s." % (self.step, self.reason)
+        if self.outcome == "identical":
+            return ("SyncCheck: all %d parameter tensors bitwise identical on all %d replicas at step %s."
+                    % (len(self.names), self.world_size, self.step))
         i = self.worst_index
+        how = ("value-sum spread %.3g, relative divergence %.3g" % (self.spread[i], self.divergence[i])
+               if self.spread[i] else "equal value sums (divergence 0): a sum-preserving difference, e.g. "
+               "compensating changes, permuted rows or a change below the sum's rounding")
+        extra = ""
+        if self.nonfinite:
+            extra = "; non-finite values on some replicas only, in %s" % self._listed(self.nonfinite)
         return ("SyncCheck: data-parallel replicas hold different parameters at step %s: %d of %d parameter "
-                "tensors differ across %d replicas; worst %r: fingerprint spread %.3g (relative divergence "
-                "%.3g > tolerance %.3g). The gradients are not being all-reduced before the optimizer step "
-                "(Lightning's TPU closure bug?): check that tpu-closure-fix is enabled "
-                "(tpu_closure_fix.status(), TPU_CLOSURE_FIX)."
-                % (self.step, self.diverged_count, len(self.divergence), self.world_size, self.names[i],
-                   self.spread[i], self.divergence[i], self.tolerance))
+                "tensors differ bitwise across %d replicas (%s); worst %r: %s%s. The replicas did not apply "
+                "the same update (missing or misplaced gradient reduction?). Through Lightning, Lite/Fabric "
+                "or accelerate on torch_xla, check that tpu-closure-fix is enabled (tpu_closure_fix.status(), "
+                "TPU_CLOSURE_FIX)."
+                % (self.step, self.diverged_count, len(self.names), self.world_size,
+                   self._listed(self.differing), self.names[i], how, extra))
 
     def as_dict(self):
         return {"step": self.step, "world_size": self.world_size, "backend": self.backend,
-                "diverged": self.diverged, "diverged_count": self.diverged_count,
-                "worst_parameter": self.worst_parameter, "max_divergence": self.max_divergence,
-                "tolerance": self.tolerance}
+                "outcome": self.outcome, "diverged": self.diverged, "diverged_count": self.diverged_count,
+                "differing": [self.names[i] for i in self.differing],
+                "nonfinite": [self.names[i] for i in self.nonfinite], "structure": self.structure,
+                "reason": self.reason, "worst_parameter": self.worst_parameter,
+                "max_divergence": self.max_divergence, "tolerance": self.tolerance}
 
     def __repr__(self):
         return "SyncReport(%r)" % (self.as_dict(),)
@@ -192,46 +262,162 @@ def _named_parameters(model):
     return out
 
 
+def _vector_device(kind, lib, tensors):
+    """Where the fingerprint vector goes for the collective: the XLA device for xm.all_reduce; the
+    host for gloo (an XLA or other device tensor is copied there); the current GPU for nccl."""
+    import torch
+
+    if kind == "xla":
+        torch_xla = sys.modules.get("torch_xla")
+        device_fn = getattr(torch_xla, "device", None)  # torch_xla >= 2.5: xm.xla_device is deprecated
+        return device_fn() if callable(device_fn) else lib.xla_device()
+    backend = str(lib.get_backend())
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    if backend == "gloo" or not tensors:
+        return torch.device("cpu")
+    return tensors[0].device
+
+
+def _local_vector(kind, lib, named):
+    """(vector, error): this replica's fingerprint vector, or -- when fingerprinting failed -- the
+    "could not fingerprint" vector and the error, so this replica still joins the collective."""
+    from . import fingerprint
+
+    device = None
+    try:
+        tensors = [t for _, t in named]
+        device = _vector_device(kind, lib, tensors)
+        return fingerprint.local_vector(tensors, device), None
+    except Exception as exc:  # never leave the other replicas waiting in the collective
+        return fingerprint.failed_vector(device), exc
+
+
 def compare_replicas(model, step=None, tolerance=DEFAULT_TOLERANCE):
-    """Run one comparison now (a collective: every replica must call it). Returns a SyncReport, or None
-    on a single device / when there are no parameters."""
+    """Run one comparison now (a collective: every replica must call it, with or without parameters).
+
+    Returns a SyncReport (see its ``outcome``), or None on a single device (nothing to compare).
+    ``tolerance`` is recorded in the report and decides nothing: any bitwise difference is reported.
+    """
     kind, lib, size = _backend()
     if kind is None:
         return None
-    named = _named_parameters(model)
-    if not named:
-        return None
     import torch
 
+    try:
+        named = _named_parameters(model)
+    except Exception as exc:
+        named, listing_error = [], exc
+    else:
+        listing_error = None
     with torch.no_grad():
-        sums, scales = [], []
-        for _, p in named:
-            t = p.detach()
-            if t.is_complex():
-                t = torch.view_as_real(t)
-            t = t.float()
-            sums.append(t.sum())
-            scales.append(t.abs().sum())
-        device = sums[0].device
-        f = torch.stack([v.to(device) for v in sums])
-        vector = torch.cat([f, -f, torch.stack([v.to(device) for v in scales])])
-        vector = _all_reduce_max(kind, lib, vector)
-        values = vector.detach().cpu().tolist()
+        vector, error = _local_vector(kind, lib, named)
+        error = listing_error or error
+        try:
+            values = _all_reduce_max(kind, lib, vector).detach().cpu().tolist()
+        except Exception as exc:
+            return SyncReport(step, size, kind, [n for n, _ in named], [0.0] * len(named),
+                              [0.0] * len(named), tolerance, outcome="unverified",
+                              reason="the all-reduce of the fingerprints failed here: %s: %s"
+                              % (type(exc).__name__, exc))
+    return _verdict(step, size, kind, named, values, tolerance, error)
+
+
+def _pair_differs(pairs, index):
+    high, low = pairs[index]
+    return high != low
+
+
+def _slot_differs(decoded, fields, slot):
+    return any(_pair_differs(decoded[f], slot) for f in fields)
+
+
+def _structure_mismatch(decoded, named, slots):
+    """A sentence naming how the replicas' models differ, or None when they agree."""
+    from . import fingerprint
+
+    high, low = decoded["count"]
+    parts = []
+    if high != low:
+        parts.append("the number of parameter tensors differs (%d on some replicas, %d on others; %d here)"
+                     % (low, high, len(named)))
+    for s in range(min(int(high), slots)):
+        shape = _slot_differs(decoded, ("shape_hi", "shape_lo"), s)
+        dtype = _slot_differs(decoded, ("dtype_hi", "dtype_lo"), s)
+        if shape or dtype:
+            what = " and ".join(w for w, bad in (("shape", shape), ("dtype", dtype)) if bad)
+            if s < len(named):
+                here_shape, here_dtype = fingerprint.describe(named[s][1])
+                parts.append("parameter tensor #%d %r has another %s on some replica (here: shape %s, %s)"
+                             % (s, named[s][0], what, here_shape, here_dtype))
+            else:
+                parts.append("parameter tensor #%d differs in %s (this replica has no tensor #%d)" % (s, what, s))
+            break
+    if not parts and decoded["digest"][0] != decoded["digest"][1]:
+        parts.append("the order of shapes/dtypes of the parameter tensors differs")
+    return "; ".join(parts) or None
+
+
+def _verdict(step, size, kind, named, values, tolerance, error):
+    """The SyncReport of a MAX-reduced fingerprint vector (the same on every replica, apart from the
+    local names it quotes)."""
+    from . import fingerprint
+
+    slots = fingerprint.SLOTS
+    decoded = fingerprint.decode(values, slots)
+    names = [n for n, _ in named]
     n = len(named)
-    spread, divergence = [], []
+    zeros = [0.0] * n
+    if decoded["format"][0] != decoded["format"][1] or decoded["failed"][0] > 0:
+        reason = ("fingerprinting the parameters failed here: %s: %s" % (type(error).__name__, error)
+                  if error is not None else "another replica could not fingerprint its parameters"
+                  if decoded["failed"][0] > 0 else "the replicas run different SyncCheck formats")
+        return SyncReport(step, size, kind, names, zeros, zeros, tolerance, outcome="unverified", reason=reason)
+    structure = _structure_mismatch(decoded, named, slots)
+    if structure is not None:
+        return SyncReport(step, size, kind, names, zeros, zeros, tolerance, outcome="structure", differing=[],
+                          structure=structure)
+    spread, divergence, differing, nonfinite = [], [], [], []
     for i in range(n):
-        hi, neg_lo, scale = values[i], values[n + i], values[2 * n + i]
-        d = hi + neg_lo  # max f - min f
-        if not math.isfinite(d):
-            # A NaN/inf on some replica: differs unless every replica has the same non-finite value.
-            d = 0.0 if hi == -neg_lo else float("inf")
+        s = i % slots
+        high, low = decoded["sum"][s]
+        d = high - low
+        scale = decoded["abs_sum"][s]
+        if _pair_differs(decoded["nonfinite"], s):  # NaN/inf on some replicas only: no finite measure
+            d = scale = float("inf")
         spread.append(d)
-        divergence.append(d / scale if scale > 0 else (0.0 if d == 0 else float("inf")))
-    return SyncReport(step, size, kind, [name for name, _ in named], spread, divergence, tolerance)
+        divergence.append(float("inf") if d == float("inf") else
+                          d / scale if scale > 0 else (0.0 if d == 0 else float("inf")))
+        if _slot_differs(decoded, ("bits_hi", "bits_lo"), s):
+            differing.append(i)
+        if decoded["nonfinite"][s][0] > 0:
+            nonfinite.append(i)
+    if differing:
+        outcome = "differ"
+        nonfinite = [i for i in nonfinite if _pair_differs(decoded["nonfinite"], i % slots)
+                     or decoded["nonfinite"][i % slots][1] == 0]
+    else:
+        outcome = "nonfinite" if nonfinite else "identical"
+    return SyncReport(step, size, kind, names, spread, divergence, tolerance, outcome=outcome,
+                      differing=differing, nonfinite=nonfinite)
+
+
+_warned_once = set()
 
 
 def _act(report, on_divergence, stacklevel=3):
-    if report is None or not report.diverged:
+    """What a check does with its report: on divergence warn / raise / call ``on_divergence``; identical
+    non-finite parameters are warned about (never raised: the replicas agree); an unverified check is
+    warned about once per reason."""
+    if report is None or report.outcome == "identical":
+        return
+    if report.outcome == "nonfinite":
+        warnings.warn(report.message(), TPUClosureFixWarning, stacklevel=stacklevel)
+        return
+    if report.outcome == "unverified":
+        if report.reason not in _warned_once:
+            _warned_once.add(report.reason)
+            warnings.warn(report.message(), TPUClosureFixWarning, stacklevel=stacklevel)
         return
     if on_divergence == "raise":
         raise ReplicaDivergenceError(report.message(), report)
@@ -282,8 +468,8 @@ class SyncCheck(object):
 
     ``SyncCheck(every=100, tolerance=1e-6, on_divergence="warn", check_at_end=True)``; ``on_divergence``
     is ``"warn"`` (TPUClosureFixWarning), ``"raise"`` (ReplicaDivergenceError, stops training) or a
-    callable receiving the SyncReport. ``reports`` keeps every check's SyncReport, ``last_report`` the
-    latest. Instances are instances of the installed Lightning's ``Callback`` (a subclass is made on
+    callable receiving the SyncReport of a divergence; ``tolerance`` is recorded and decides nothing.
+    ``reports`` keeps every check's SyncReport, ``last_report`` the latest. Instances are instances of the installed Lightning's ``Callback`` (a subclass is made on
     first use for whichever of pytorch_lightning / lightning.pytorch is imported).
     """
 

@@ -1,0 +1,203 @@
+"""SyncCheck's comparison across real replica processes: the corpus of divergence kinds
+(tests/support/synccheck_corpus.py), each with its identical twin, over torch.distributed (gloo) with 2
+and 8 replicas and through the torch_xla stand-in with 2, every case at its first check; the oracle is
+the SHA-256 of every tensor's bytes. Then single-process properties of the fingerprint itself.
+
+Replicas are subprocesses with a hard timeout: a comparison that crashed or hung (models of different
+structure, a replica without parameters) fails the test instead of stalling it.
+"""
+import json
+import os
+import sys
+
+import pytest
+import torch
+
+from support import ports, synccheck_corpus
+from tpu_closure_fix import fingerprint, synccheck
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
+REPO = os.path.dirname(TESTS)
+TIMEOUT = 600
+
+
+def _run(world, backend, tmp_path, kinds=None):
+    """Start ``world`` corpus replicas; rank -> {(kind, twin): case}."""
+    from tpu_closure_fix.verify.child import run_children
+
+    port = ports.free_port()
+    outs = [str(tmp_path / ("%s-%d-rank%d.json" % (backend, world, rank))) for rank in range(world)]
+    extra = ["--kinds", ",".join(kinds)] if kinds else []
+    commands = [[sys.executable, "-m", "support.synccheck_corpus", "--rank", str(rank), "--world", str(world),
+                 "--port", str(port), "--backend", backend, "--out", out] + extra
+                for rank, out in enumerate(outs)]
+    env = dict(os.environ, TPU_CLOSURE_FIX="0", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
+               PYTHONPATH=os.pathsep.join([REPO, TESTS]))
+    runs = run_children(commands, TIMEOUT, env=env, cwd=TESTS, result_files=outs)
+    for rank, run in enumerate(runs):
+        assert run.ok, "replica %d of %d (%s) %s:\n%s%s" % (rank, world, backend, run.error, run.stdout[-2000:],
+                                                             run.stderr_tail())
+    return {rank: {(c["kind"], c["twin"]): c for c in run.payload["cases"]} for rank, run in enumerate(runs)}
+
+
+@pytest.fixture(scope="module", params=[(2, "gloo"), (8, "gloo"), (2, "xla-standin")],
+                ids=["gloo-2", "gloo-8", "xla-standin-2"])
+def corpus(request, tmp_path_factory):
+    world, backend = request.param
+    return world, backend, _run(world, backend, tmp_path_factory.mktemp("corpus"))
+
+
+def _cases(corpus):
+    world, backend, results = corpus
+    for rank, cases in results.items():
+        for (kind, twin), case in sorted(cases.items()):
+            yield rank, kind, twin, case
+
+
+def test_the_corpus_is_what_it_says(corpus):
+    """The oracle (bytes, shapes, dtypes gathered from every replica) agrees with each case's declared
+    outcome: the divergent versions do differ and the twins do not."""
+    for rank, kind, twin, case in _cases(corpus):
+        assert case["oracle"] == case["expected"], (rank, kind, twin, case["oracle"])
+
+
+def test_every_kind_is_caught_at_the_first_check_and_every_twin_passes(corpus):
+    world, backend, _ = corpus
+    for rank, kind, twin, case in _cases(corpus):
+        report = case["report"]
+        assert report is not None and report["world_size"] == world, (kind, twin, report)
+        assert report["backend"] == ("xla" if backend == "xla-standin" else "torch.distributed")
+        assert case["outcome"] == case["oracle"], (rank, kind, twin, case["message"])
+        assert case["diverged"] == (case["oracle"] in ("differ", "structure")), (rank, kind, twin)
+
+
+def test_the_differing_tensors_are_named(corpus):
+    for rank, kind, twin, case in _cases(corpus):
+        if case["oracle"] != "differ":
+            continue
+        named = case["report"]["differing"]
+        assert set(case["oracle_differing"]) <= set(named), (kind, named, case["oracle_differing"])
+        if kind == "many-tensors":  # 1100 tensors in 1024 slots: t1050 shares its slot with t26
+            assert set(named) == {"t1050", "t26"}, named
+        else:
+            assert set(named) == set(case["oracle_differing"]), (kind, named)
+        for name in named[:synccheck.NAMES_IN_MESSAGE]:
+            assert repr(name) in case["message"]
+
+
+def test_every_replica_reaches_the_same_verdict(corpus):
+    _, _, results = corpus
+    for key, case in results[0].items():
+        for rank in results:
+            other = results[rank][key]
+            assert (other["outcome"], other["report"]["differing"]) == (case["outcome"], case["report"]["differing"])
+
+
+# --------------------------------------------------------------------------- the cases of the issue
+def _case(corpus, kind, twin=False, rank=0):
+    return corpus[2][rank][(kind, twin)]
+
+
+def test_linear_head_and_sum_preserving_changes_are_caught(corpus):
+    """A value-sum fingerprint is blind to them: the linear head's weight sum does not move without the
+    gradient all-reduce (softmax cross-entropy gradients sum to 0 over the classes)."""
+    head = _case(corpus, "linear-head")
+    assert head["outcome"] == "differ" and head["diverged"]
+    spread = dict(zip(head["report"]["differing"], [None] * 2))
+    assert "weight" in spread and "bias" in spread
+    assert head["report"]["max_divergence"] < 1e-5  # the sums agree: only the bits tell
+    kept = _case(corpus, "sum-preserving")
+    assert kept["diverged"] and kept["report"]["differing"] == ["w"]
+    assert kept["report"]["max_divergence"] == 0.0 and "sum-preserving" in kept["message"]
+
+
+def test_identical_nonfinite_parameters_are_not_divergence(corpus):
+    same = _case(corpus, "nonfinite", twin=True)
+    assert same["outcome"] == "nonfinite" and not same["diverged"]
+    assert "not a divergence" in same["message"] and "'w'" in same["message"]
+    assert "gradient" not in same["message"]
+    some = _case(corpus, "nonfinite")
+    assert some["outcome"] == "differ" and some["diverged"] and some["report"]["nonfinite"] == ["w"]
+    assert "some replicas only" in some["message"]
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("structure-count", "number of parameter tensors differs (2 on some replicas, 3 on others"),
+    ("structure-shape", "tensor #1 'w' has another shape"),
+    ("structure-dtype", "tensor #1 'w' has another dtype"),
+    ("structure-no-parameters", "number of parameter tensors differs (0 on some replicas, 1 on others"),
+])
+def test_different_models_give_one_clear_structure_message(corpus, kind, words):
+    """The replicas all return (no abort in gloo, no replica left waiting) with one message naming the
+    mismatch."""
+    for rank in corpus[2]:
+        case = _case(corpus, kind, rank=rank)
+        assert case["outcome"] == "structure" and case["diverged"]
+        assert words in case["message"], case["message"]
+        assert "different models" in case["message"]
+
+
+def test_the_message_does_not_blame_a_framework(corpus):
+    message = _case(corpus, "no-allreduce-sgd")["message"]
+    assert "missing or misplaced gradient reduction?" in message
+    assert "Lightning's TPU closure bug" not in message
+
+
+# --------------------------------------------------------------------------- fingerprint, in process
+def _reference_hash(tensor, position):
+    """The bit hash written out in plain Python integers, from the docstring's definition."""
+    mask = 0xFFFFFFFF
+
+    def mix(x):
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & mask
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & mask
+        return x ^ (x >> 16)
+
+    words = fingerprint.words(tensor).tolist()
+    key = lambda i: (i * 0x9E3779B1 + position * 0x85EBCA77) & mask  # noqa: E731
+    return sum(mix((w & mask) ^ key(i)) for i, w in enumerate(words)) & mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8,
+                                   torch.bool, torch.complex64])
+def test_the_hash_is_the_documented_function_in_chunks_or_whole(dtype):
+    t = (torch.randn(53) * 4).to(dtype) if dtype != torch.complex64 else torch.randn(53, dtype=dtype)
+    expected = _reference_hash(t, 7)
+    assert fingerprint.unsigned32(fingerprint.bit_hash(t, 7)) == expected
+    assert fingerprint.unsigned32(fingerprint.bit_hash(t, 7, chunk=8)) == expected
+
+
+def test_one_word_changed_always_changes_the_hash():
+    t = torch.randn(257)
+    base = fingerprint.unsigned32(fingerprint.bit_hash(t, 0))
+    for index in range(t.numel()):
+        for bits in (1, 1 << 31, 1 << 22):  # last mantissa bit, sign, an exponent bit
+            changed = t.clone()
+            changed.view(torch.int32)[index] ^= bits
+            assert fingerprint.unsigned32(fingerprint.bit_hash(changed, 0)) != base, (index, bits)
+
+
+def test_position_in_the_model_and_element_order_matter():
+    t = torch.randn(4, 6)
+    assert fingerprint.unsigned32(fingerprint.bit_hash(t, 0)) != fingerprint.unsigned32(fingerprint.bit_hash(t, 1))
+    assert (fingerprint.unsigned32(fingerprint.bit_hash(t, 0))
+            != fingerprint.unsigned32(fingerprint.bit_hash(t[[1, 0, 2, 3]], 0)))
+
+
+def test_the_vector_has_one_length_whatever_the_model():
+    lengths = {fingerprint.local_vector(tensors).numel() for tensors in
+               ([], [torch.zeros(3)], [torch.zeros(2)] * 3000)}
+    assert lengths == {fingerprint.vector_length()}
+
+
+def test_an_unreduced_vector_reads_as_identical_replicas():
+    """One replica's vector is what a MAX all-reduce of identical replicas gives: every pair agrees."""
+    named = [("a", torch.randn(3)), ("b", torch.randn(2, 2))]
+    values = fingerprint.local_vector([t for _, t in named]).tolist()
+    report = synccheck._verdict(5, 2, "test", named, values, 0.0, None)
+    assert report.outcome == "identical" and not report.diverged and report.max_divergence == 0.0
+    failed = synccheck._verdict(5, 2, "test", named, fingerprint.failed_vector().tolist(), 0.0, None)
+    assert failed.outcome == "unverified" and "another replica could not fingerprint" in failed.message()

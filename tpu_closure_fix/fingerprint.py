@@ -1,0 +1,332 @@
+"""Parameter fingerprints for SyncCheck: one fixed-length float32 vector per replica and check.
+
+What a replica contributes to a check is :func:`local_vector`; after ONE all-reduce with MAX of that
+vector across replicas, :func:`decode` tells, for every field, its largest and smallest value over
+the replicas. The comparison logic (outcomes, messages) is in :mod:`tpu_closure_fix.synccheck`.
+
+The bit hash of one tensor
+--------------------------
+The tensor's raw bits are read as 32-bit words: 4-byte elements are one word, 8-byte elements two
+words, 2-byte elements (bf16, fp16) and 1-byte elements are widened bit-for-bit to one word each
+(their bit pattern is kept; only the padding is added). Word ``w`` at word index ``i`` of the tensor
+with position ``k`` in the model contributes ``mix(w XOR key(i, k))`` where ``key(i, k) = i * P1 +
+k * P2 (mod 2^32)`` and ``mix`` is the "lowbias32" integer hash (xorshift-multiply rounds), a
+bijection of 32-bit words. The tensor's hash is the sum of the contributions mod 2^32 (int32
+arithmetic that wraps around).
+
+Guarantee:
+
+* identical bits give identical hashes (the computation is exact integer arithmetic, the same on
+  CPU and on XLA: tests/xla checks the XLA lowering bit for bit against the CPU result);
+* a change of any ONE word (one element off by one ulp, a flipped sign, a NaN payload) always
+  changes the hash: ``XOR key`` and ``mix`` are bijections, so that word's contribution changes and
+  nothing else does;
+* a difference in two or more words goes unseen only if the changed contributions happen to cancel
+  mod 2^32; for the mix's pseudo-random contributions that has probability about 2^-32 (2.3e-10)
+  per differing tensor, also for sum-preserving changes (+e on one element, -e on another) and for
+  permuted rows, whose words move to other keys. benchmarks/synccheck_collisions.py measures it.
+
+The vector
+----------
+The model's tensors go to ``SLOTS`` slots (tensor ``k`` to slot ``k % SLOTS``); a model with more
+tensors than slots hashes several tensors into one slot (their hashes add up mod 2^32), so a
+difference is then located to a slot's group of tensors. Fields, all exact small integers or floats:
+
+* header: format version, a "this replica could not fingerprint" flag, the tensor count and a
+  32-bit digest of the model's structure (every tensor's shape and dtype, in order);
+* per slot: a 32-bit hash of the shapes and one of the dtypes of its tensors, the 32-bit bit hash,
+  the count of non-finite elements, the float32 sum of the values (for "by how much") and the sum of
+  their absolute values (the scale of that sum).
+
+32-bit hashes travel as two 16-bit halves, exact in float32. Every exact field ``v`` is stored
+twice, as ``v`` and ``-v``: after a MAX all-reduce the first gives the largest value over the
+replicas and the second minus the smallest, so ONE collective says, for every field, whether the
+replicas agree (``max == min``). A replica with no parameters sends the same fixed-length vector
+(count 0), so every replica always joins the same collective.
+
+On CPU the words are processed in chunks of ``CHUNK`` elements, so a check needs a few chunk-sized
+buffers beyond the parameters, whatever the model's size; on other devices each tensor is hashed
+whole (one lazily traced expression on XLA).
+"""
+import hashlib
+
+#: Format of the vector; replicas with another format disagree on the header (never crash).
+FORMAT = 1
+#: Slots of the vector: a model with more tensors hashes several tensors per slot.
+SLOTS = 1024
+#: Words hashed at a time on CPU: the temporary buffers of a check (a few times 1 MiB) stay in the
+#: processor's cache, which made hashing 100 M words about 10 % faster than with 4 MiB chunks.
+CHUNK = 1 << 18
+
+# lowbias32 (two xorshift-multiply rounds and a last xorshift; constants from Chris Wellons's
+# hash-prospector: chosen over the three-round triple32 for its 13 tensor operations per chunk instead of
+# 17, the bulk of a check's cost on CPU), and the two odd multipliers of the position key. Multipliers
+# are applied as signed int32 values: torch multiplies int32 with wrap-around.
+_ROUNDS = ((16, 0x7FEB352D), (15, 0x846CA68B))
+_LAST_SHIFT = 16
+_P1 = 0x9E3779B1
+_P2 = 0x85EBCA77
+
+_MASK32 = 0xFFFFFFFF
+
+# Header fields, then per-slot exact fields (each SLOTS long), in this order.
+HEADER = ("format", "failed", "count", "digest_hi", "digest_lo")
+SLOT_EXACT = ("shape_hi", "shape_lo", "dtype_hi", "dtype_lo", "bits_hi", "bits_lo", "nonfinite")
+SLOT_FLOAT = ("sum",)  # stored as v and -v: max and min over the replicas
+SLOT_SCALE = ("abs_sum",)  # stored once: max over the replicas
+
+
+def signed32(value):
+    """``value`` mod 2^32 as a signed 32-bit integer (what an int32 tensor holds)."""
+    value &= _MASK32
+    return value - (1 << 32) if value >= (1 << 31) else value
+
+
+def unsigned32(value):
+    return int(value) & _MASK32
+
+
+def vector_length(slots=SLOTS):
+    exact = len(HEADER) + len(SLOT_EXACT) * slots
+    return 2 * exact + 2 * len(SLOT_FLOAT) * slots + len(SLOT_SCALE) * slots
+
+
+# --------------------------------------------------------------------------- the bit hash
+def words(tensor):
+    """The tensor's raw bits as a flat int32 tensor of 32-bit words (on the tensor's device)."""
+    import torch
+
+    t = tensor.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    t = t.contiguous().reshape(-1)
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    size = t.element_size()
+    if size == 4:
+        return t.view(torch.int32)
+    if size == 8:
+        return t.view(torch.int32)  # two words per element
+    if size == 2:
+        return t.view(torch.int16).to(torch.int32)  # sign extension: injective, bit pattern kept
+    if size == 1:
+        return t.view(torch.uint8).to(torch.int32)
+    raise TypeError("cannot fingerprint a tensor of dtype %s (element size %d)" % (t.dtype, size))
+
+
+def _shift_xor_(x, shift, scratch):
+    """``x ^= x >>> shift`` in place (logical shift of int32 words). ``torch.bitwise_right_shift`` is
+    arithmetic, hence the mask; the ``>>`` operator is not used: torch_xla 2.1 lowers it as a
+    truncating division (-5 >> 17 == 0 there)."""
+    import torch
+
+    torch.bitwise_right_shift(x, shift, out=scratch)
+    scratch.bitwise_and_((1 << (32 - shift)) - 1)
+    x.bitwise_xor_(scratch)
+
+
+def mix_(x, scratch):
+    """lowbias32 of every int32 word of ``x``, in place (``scratch``: a buffer of x's shape and dtype)."""
+    for shift, multiplier in _ROUNDS:
+        _shift_xor_(x, shift, scratch)
+        x.mul_(signed32(multiplier))
+    _shift_xor_(x, _LAST_SHIFT, scratch)
+    return x
+
+
+_key_bases = {}
+
+
+def _key_base(length, device):
+    """``arange(length) * P1`` as int32 on ``device``, cached per device (the CPU chunks reuse it)."""
+    import torch
+
+    cache_key = (str(device), length)
+    base = _key_bases.get(cache_key)
+    if base is None:
+        base = torch.arange(length, dtype=torch.int32, device=device).mul_(signed32(_P1))
+        if len(_key_bases) > 16:
+            _key_bases.clear()
+        _key_bases[cache_key] = base
+    return base
+
+
+def _hash_words(chunk, offset, position):
+    """Sum (int32, wrapping) of ``mix(word XOR key)`` over one run of words starting at word ``offset``."""
+    import torch
+
+    base = _key_base(chunk.numel(), chunk.device)
+    x = torch.add(base, signed32(offset * _P1 + position * _P2))
+    x.bitwise_xor_(chunk)
+    mix_(x, torch.empty_like(x))
+    return x.sum(dtype=torch.int32)
+
+
+def bit_hash(tensor, position, chunk=CHUNK):
+    """The tensor's 32-bit bit hash (an int32 scalar tensor on its device); ``position`` is the
+    tensor's index in the model. On CPU the words go ``chunk`` at a time."""
+    import torch
+
+    w = words(tensor)
+    n = w.numel()
+    if n == 0:
+        return torch.zeros((), dtype=torch.int32, device=w.device)
+    if w.device.type != "cpu" or n <= chunk:
+        return _hash_words(w, 0, position)
+    total = torch.zeros((), dtype=torch.int32)
+    for start in range(0, n, chunk):
+        total += _hash_words(w[start:start + chunk], start, position)
+    return total
+
+
+def value_sums(tensor, chunk=CHUNK):
+    """(non-finite element count, float32 sum, float32 sum of absolute values) as scalar tensors on the
+    tensor's device; zeros for tensors that are not floating point (their bits are in the hash).
+
+    On CPU the non-finite elements are counted only when the sum is not finite (a NaN or inf among
+    the values always makes it so): one pass less for every healthy tensor."""
+    import torch
+
+    t = tensor.detach()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if not t.is_floating_point():
+        zero = torch.zeros((), dtype=torch.float32, device=t.device)
+        return zero, zero, zero
+    t = t.reshape(-1)
+    if t.device.type != "cpu":
+        return _nonfinite_count(t), t.sum(dtype=torch.float32), _abs_sum(t)
+    pieces = [t[i:i + chunk] for i in range(0, t.numel(), chunk)] or [t]
+    total = sum(piece.sum(dtype=torch.float32) for piece in pieces)
+    scale = sum(_abs_sum(piece) for piece in pieces)
+    if bool(torch.isfinite(total)):
+        nonfinite = torch.zeros((), dtype=torch.float32)
+    else:
+        nonfinite = sum(_nonfinite_count(piece) for piece in pieces)
+    return nonfinite, torch.as_tensor(total, dtype=torch.float32), torch.as_tensor(scale, dtype=torch.float32)
+
+
+def _nonfinite_count(t):
+    import torch
+
+    return (t.numel() - torch.isfinite(t).sum()).to(torch.float32)
+
+
+def _abs_sum(t):
+    import torch
+
+    # vector_norm fuses abs and sum (no temporary); it refuses to narrow float64 through ``dtype``.
+    if t.dtype == torch.float64:
+        return torch.linalg.vector_norm(t, 1).to(torch.float32)
+    return torch.linalg.vector_norm(t, 1, dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------- structure hashes (host)
+def _hash32(text):
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:4], "little")
+
+
+def describe(tensor):
+    """``(shape tuple, dtype name)`` of a tensor: what the structure digest covers."""
+    return tuple(int(d) for d in tensor.shape), str(tensor.dtype).replace("torch.", "")
+
+
+def structure_digest(structures):
+    """32-bit digest of the model's structure: every tensor's shape and dtype, in order."""
+    return _hash32(repr(list(structures)))
+
+
+def shape_hash(position, shape):
+    return _hash32("shape|%d|%r" % (position, tuple(shape)))
+
+
+def dtype_hash(position, dtype):
+    return _hash32("dtype|%d|%s" % (position, dtype))
+
+
+# --------------------------------------------------------------------------- the vector
+def _halves(value):
+    value = unsigned32(value)
+    return float(value >> 16), float(value & 0xFFFF)
+
+
+def _layout(slots):
+    exact = len(HEADER) + len(SLOT_EXACT) * slots
+    return exact, 2 * exact, 2 * exact + 2 * slots
+
+
+def failed_vector(device=None, slots=SLOTS):
+    """The vector of a replica that could not fingerprint its parameters: it still joins the check."""
+    import torch
+
+    exact, _, _ = _layout(slots)
+    v = torch.zeros(vector_length(slots), dtype=torch.float32)
+    v[0], v[exact] = FORMAT, -FORMAT
+    v[1], v[exact + 1] = 1.0, -1.0
+    return v if device is None else v.to(device)
+
+
+def local_vector(tensors, device=None, slots=SLOTS, chunk=CHUNK):
+    """This replica's vector (float32, length :func:`vector_length`) for its parameter tensors, in
+    model order. Built on ``device`` (default: the first tensor's, else CPU)."""
+    import torch
+
+    tensors = list(tensors)
+    structures = [describe(t) for t in tensors]
+    if device is None:
+        device = tensors[0].device if tensors else torch.device("cpu")
+    # Host-side fields: header and structure hashes (exact integers, no device work).
+    header = [float(FORMAT), 0.0, float(len(tensors))] + list(_halves(structure_digest(structures)))
+    shape_sums, dtype_sums = [0] * slots, [0] * slots
+    for k, (shape, dtype) in enumerate(structures):
+        shape_sums[k % slots] += shape_hash(k, shape)
+        dtype_sums[k % slots] += dtype_hash(k, dtype)
+    host = list(header)
+    for per_slot in (shape_sums, dtype_sums):
+        halves = [_halves(v) for v in per_slot]
+        host += [h for h, _ in halves] + [l for _, l in halves]
+    host = torch.tensor(host, dtype=torch.float32)
+    # Device-side fields: one bit hash and three value sums per tensor, then folded into the slots.
+    rows = slots * max(1, -(-len(tensors) // slots))
+    if tensors:
+        hashes = torch.stack([bit_hash(t, k, chunk).to(device) for k, t in enumerate(tensors)])
+        sums = [value_sums(t, chunk) for t in tensors]
+        stats = torch.stack([torch.stack([s.to(device) for s in triple]) for triple in sums])  # (n, 3)
+        hashes = torch.cat([hashes, torch.zeros(rows - len(tensors), dtype=torch.int32, device=device)])
+        stats = torch.cat([stats, torch.zeros(rows - len(tensors), 3, dtype=torch.float32, device=device)])
+    else:
+        hashes = torch.zeros(rows, dtype=torch.int32, device=device)
+        stats = torch.zeros(rows, 3, dtype=torch.float32, device=device)
+    slot_hash = hashes.reshape(-1, slots).sum(dim=0, dtype=torch.int32)
+    slot_stats = stats.reshape(-1, slots, 3).sum(dim=0)
+    hi = torch.bitwise_right_shift(slot_hash, 16).bitwise_and_(0xFFFF).to(torch.float32)
+    lo = slot_hash.bitwise_and(0xFFFF).to(torch.float32)
+    sums = torch.nan_to_num(slot_stats[:, 1], nan=0.0, posinf=3.0e38, neginf=-3.0e38)
+    scale = torch.nan_to_num(slot_stats[:, 2], nan=3.0e38, posinf=3.0e38, neginf=3.0e38)
+    exact = torch.cat([host.to(device), hi, lo, slot_stats[:, 0]])
+    return torch.cat([exact, -exact, sums, -sums, scale])
+
+
+def decode(values, slots=SLOTS):
+    """Read a MAX-reduced vector (a list of floats): ``{field: (max, min)}`` for the header fields,
+    ``{field: [(max, min) per slot]}`` for the slot fields, ``abs_sum``: [max per slot]; the 32-bit
+    fields are joined back (``digest``, ``shape``, ``dtype``, ``bits``)."""
+    exact, floats, scales = _layout(slots)
+
+    def pair(j):
+        return values[j], -values[exact + j]
+
+    out = {name: pair(j) for j, name in enumerate(HEADER)}
+    base = len(HEADER)
+    for f, name in enumerate(SLOT_EXACT):
+        out[name] = [pair(base + f * slots + s) for s in range(slots)]
+    out["sum"] = [(values[floats + s], -values[floats + slots + s]) for s in range(slots)]
+    out["abs_sum"] = [values[scales + s] for s in range(slots)]
+
+    def join(hi, lo):
+        return (int(hi[0]) << 16 | int(lo[0]), int(hi[1]) << 16 | int(lo[1]))
+
+    out["digest"] = join(out["digest_hi"], out["digest_lo"])
+    for name in ("shape", "dtype", "bits"):
+        out[name] = [join(h, l) for h, l in zip(out[name + "_hi"], out[name + "_lo"])]
+    return out
