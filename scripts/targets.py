@@ -200,6 +200,37 @@ ACCELERATE_TARGETS = {
 }
 TARGETS.update(ACCELERATE_TARGETS)
 
+# Hugging Face optimum-neuron (AWS Trainium): one release per code shape of
+# NeuronAcceleratedOptimizer.step (0.0.25-0.0.28 xm.optimizer_step, 0.1-0.2.2 imports inside step(),
+# 0.3.0 imports at module level, 0.4.x expert-parallel passes), with the optimum / transformers /
+# accelerate its wheel requires and what they import.  The Neuron SDK (torch-neuronx,
+# neuronx-distributed) is not on the public index: the tests stand in for it (tests/support/neuron_sdk.py).
+_HUB_2025 = ["filelock==3.20.3", "fsspec==2025.9.0", "requests==2.32.5", "tqdm==4.67.1", "urllib3==2.5.0",
+             "idna==3.10", "charset-normalizer==3.4.3", "certifi==2025.8.3", "hf-xet==1.1.10",
+             "PyYAML==6.0.2", "packaging==25.0", "regex==2025.9.18", "psutil==7.1.0"]
+NEURON_TARGETS = {
+    "optimum-neuron==0.0.28": [
+        "optimum-neuron==0.0.28", "optimum==1.23.3", "transformers==4.48.3", "accelerate==0.29.2",
+        "huggingface-hub==0.35.3", "tokenizers==0.21.4", "safetensors==0.6.2", "numpy==1.25.2",
+        "protobuf==3.20.3",
+    ] + _HUB_2025,
+    "optimum-neuron==0.2.2": [
+        "optimum-neuron==0.2.2", "optimum==1.23.3", "transformers==4.51.3", "accelerate==0.29.2",
+        "huggingface-hub==0.35.3", "tokenizers==0.21.4", "safetensors==0.6.2", "numpy==1.25.2",
+        "protobuf==3.20.3",
+    ] + _HUB_2025,
+    "optimum-neuron==0.3.0": [
+        "optimum-neuron==0.3.0", "optimum==1.24.0", "transformers==4.51.3", "accelerate==1.8.1",
+        "huggingface-hub==0.35.3", "tokenizers==0.21.4", "safetensors==0.6.2", "numpy==1.25.2",
+        "protobuf==3.20.3",
+    ] + _HUB_2025,
+    "optimum-neuron==0.4.5": [
+        "optimum-neuron==0.4.5", "optimum==2.0.0", "transformers==4.57.6", "accelerate==1.8.1",
+        "huggingface-hub==0.36.2", "tokenizers==0.22.2", "safetensors==0.8.0", "numpy==2.4.6",
+    ] + _HUB_2025,
+}
+TARGETS.update(NEURON_TARGETS)
+
 # wrapt floor / ceiling, each on top of pytorch-lightning 1.8.6's pins.  The
 # wrapt pin lives in the target folder and so shadows the venv's wrapt.
 WRAPT_OLDEST = "wrapt==1.14.1"
@@ -260,6 +291,10 @@ MODULES = {
 }
 for _n in ACCELERATE_TARGETS:
     MODULES[_n] = ["accelerate", "accelerate.optimizer", "accelerate.accelerator", "huggingface_hub"]
+for _n in NEURON_TARGETS:
+    # optimum.neuron needs the Neuron SDK to import (0.3.0's __init__ imports neuronx_distributed;
+    # the tests load its optimizer module with stand-ins): what imports on a CPU machine is checked here.
+    MODULES[_n] = ["accelerate", "accelerate.optimizer", "transformers"]
 for _w in (WRAPT_OLDEST, WRAPT_NEWEST):
     MODULES["pytorch-lightning==1.8.6+" + _w] = ["wrapt"] + MODULES["pytorch-lightning==1.8.6"]
 

@@ -29,12 +29,13 @@ enabling the shim.
 """
 import sys
 
-# The top-level packages whose import activates the shim: the union of every
-# integration's PACKAGES. Must equal tpu_closure_fix.sites.top_level_packages()
+# The packages whose import activates the shim: the union of every integration's
+# PACKAGES (top-level names; a distribution inside a namespace package by its
+# dotted name, as ``find_spec`` is asked for every module, sub-packages included). Must equal tpu_closure_fix.sites.top_level_packages()
 # (a test checks it); a literal copy, because importing the package here would
 # enable the shim in every interpreter.
 WATCHED_PACKAGES = frozenset(("pytorch_lightning", "lightning", "lightning_lite", "lightning_fabric", "accelerate",
-                              "torch_xla"))
+                              "optimum.neuron", "torch_xla"))
 
 # Values of TPU_CLOSURE_FIX that disable the shim. Must equal
 # tpu_closure_fix.config.OFF_VALUES (a test checks it). Any other value is

@@ -87,20 +87,21 @@ def barrier(xm):
         xm.mark_step()
 
 
-def reduce_after(xm, optimizer, closure, reduce=None):
+def reduce_after(xm, optimizer, closure, reduce=None, mean=None):
     """Run the closure, then reduce the gradients it produced; return its result.
 
     The body of upstream's ``_tpu_wrap_closure``. ``reduce(optimizer)`` defaults
     to ``xm.reduce_gradients(optimizer)``. An exception from the closure
     propagates before any reduction. An optimizer that branches on the result
-    gets the replica mean instead (:mod:`.lockstep`).
+    gets the replica mean instead (:mod:`.lockstep`; ``mean``: over the group
+    ``reduce`` reduces over, when that is not every replica).
     """
     result = closure()
     if reduce is None:
         xm.reduce_gradients(optimizer)
     else:
         reduce(optimizer)
-    return lockstep_loss(xm, optimizer, result)
+    return lockstep_loss(xm, optimizer, result, mean)
 
 
 def bind(names, args, kwargs):

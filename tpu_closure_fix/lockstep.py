@@ -23,13 +23,14 @@ untouched, and no extra collective. An optimizer outside ``torch.optim`` that
 reads the loss is not recognised: that is a stated limit.
 """
 import sys
+from functools import partial
 
 #: How deep framework optimizer wrappers are unwrapped (accelerate's AcceleratedOptimizer,
 #: Lightning's LightningOptimizer / _FabricOptimizer each add one level).
 _MAX_WRAPPERS = 4
 
 
-def lockstep_loss(xm, optimizer, loss):
+def lockstep_loss(xm, optimizer, loss, mean=None):
     """The loss ``optimizer`` should see: the replica mean when it reads the loss, else ``loss``.
 
     ``xm`` is the torch_xla ``xla_model`` module the caller reduced gradients
@@ -37,15 +38,26 @@ def lockstep_loss(xm, optimizer, loss):
     scale by 1/world size), on a detached copy: the optimizer only reads the
     value, and the user's loss tensor is left as it was. A closure result that
     is not a tensor or a number (None, a dict ...) is returned unchanged.
+
+    ``mean(tensor)``, when given, replaces that all-replica mean: a fix whose
+    framework reduces gradients over a group of its own (a data-parallel group
+    next to tensor parallelism) averages the loss over the same group, the same
+    way; it returns the averaged tensor.
     """
     if not reads_loss(optimizer):
         return loss
-    world = world_size(xm)
-    if world <= 1:
-        return loss
+    if mean is None:
+        world = world_size(xm)
+        if world <= 1:
+            return loss
+        mean = partial(_replica_mean, xm, world)
     value = _as_tensor(loss, optimizer)
     if value is None:
         return loss
+    return mean(value)
+
+
+def _replica_mean(xm, world, value):
     return xm.all_reduce(xm.REDUCE_SUM, value, scale=1.0 / world)
 
 

@@ -19,8 +19,11 @@ _specifiers = {}
 def loaded_release(package):
     """Release string of the loaded package governing ``package`` (or None).
 
-    ``package`` is a top-level name or a sub-package of the unified
-    ``lightning`` distribution (whose release is ``lightning.__version__``).
+    ``package`` is a top-level name, a sub-package of the unified
+    ``lightning`` distribution (whose release is ``lightning.__version__``), or
+    a namespace package's distribution (``<namespace>.<name>``: its own
+    ``__version__``, or its ``version`` module's, where the package is a lazy
+    module that does not carry it; the namespace itself has none).
     """
     top = sys.modules.get(package.split(".")[0])
     version = getattr(top, "__version__", None)
@@ -30,6 +33,11 @@ def loaded_release(package):
     version = getattr(about, "__version__", None)
     if isinstance(version, str) and version:
         return version
+    if "." in package:  # a distribution inside a namespace package, which has no release of its own
+        for name in (package, package + ".version"):  # the package, or its version module (a lazy package)
+            version = getattr(sys.modules.get(name), "__version__", None)
+            if isinstance(version, str) and version:
+                return version
     return _release_while_initializing(top)
 
 

@@ -56,10 +56,12 @@ ONLY_ON = {
     "test_accelerate.py": ("accelerate==0.27.2", "accelerate==0.28.0", "accelerate==1.0.1", "accelerate==1.15.0"),
     # the LBFGS lockstep rule, through each kind of fix: Fabric's precision plugin and accelerate's step
     "test_lockstep.py": ("lightning-fabric==2.6.6", "accelerate==1.15.0"),
+    # optimum-neuron (Trainium): one target per row of NeuronAcceleratedOptimizer.step
+    "test_optimum_neuron.py": ("optimum-neuron==0.2.2", "optimum-neuron==0.3.0", "optimum-neuron==0.4.5"),
 }
 
 #: Targets without Lightning: only the modules that list them in ONLY_ON run there.
-NOT_LIGHTNING = ("accelerate==",)
+NOT_LIGHTNING = ("accelerate==", "optimum-neuron==")
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -60,7 +60,7 @@ def test_entry_points_name_the_watched_packages():
     for line in section.splitlines():
         if "=" in line and not line.lstrip().startswith("#"):
             key, value = (part.strip() for part in line.split("=", 1))
-            names[key] = value.strip('"')
+            names[key.strip('"')] = value.strip('"')  # a dotted name is a quoted TOML key
     assert set(names) == sites.top_level_packages()
     assert set(names.values()) == {"_tpu_closure_fix_startup:on_watched_import"}
 

@@ -89,7 +89,8 @@ def test_every_integration_declares_its_rows_and_packages():
     for integration in loaded:
         assert integration.CALL_SITES and all(site.integration == integration.NAME for site in integration.CALL_SITES)
         tops = {site.package.split(".")[0] for site in integration.CALL_SITES}
-        assert tops <= integration.PACKAGES, (integration.NAME, tops - integration.PACKAGES)
+        watched = {package.split(".")[0] for package in integration.PACKAGES}
+        assert tops <= watched, (integration.NAME, tops - watched)
     assert sites.CALL_SITES == tuple(site for integration in loaded for site in integration.CALL_SITES)
 
 

@@ -19,7 +19,7 @@ import importlib
 
 #: Integrations in table order. The torch_xla guard comes last: it is the net
 #: under every framework site, which keeps its own, more exact fix.
-NAMES = ("lightning", "accelerate", "torch_xla")
+NAMES = ("lightning", "accelerate", "optimum_neuron", "torch_xla")
 
 _loaded = []
 

@@ -1,0 +1,252 @@
+"""optimum-neuron's ``NeuronAcceleratedOptimizer.step(closure)`` on 2 replicas: right with the shim, the bug without.
+
+Real released optimum-neuron (the target: its ``optimum/neuron/accelerate/optimizer.py``,
+with the optimum, transformers and accelerate its wheel requires), torch 2.13
+CPU; only torch_xla and the Neuron SDK (neuronx-distributed) are stood in
+(support.neuron_sdk, following neuronx-distributed's published
+``parallel_layers`` source: ``bucket_allreduce_gradients`` divides by the
+data-parallel size and sums over the data-parallel group -- here the 2 gloo
+replicas). ``optimum.neuron.accelerate``'s package ``__init__`` is not run (it
+imports ``NeuronAccelerator``, which needs the whole SDK); its optimizer module
+is imported from the wheel.
+
+Each scenario runs on 2 replicas with different data shards, once with the
+shim (TPU_CLOSURE_FIX=1) and once without (TPU_CLOSURE_FIX=0, the twin). With
+the shim the parameters after every step are bitwise equal to the plain-PyTorch
+reference (support.neuron_replica.reference) and every closure evaluation is
+followed by exactly one data-parallel reduction of the gradients it produced;
+without it, the release reduces before the closure and the replicas diverge.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from packaging.version import Version
+
+from conftest import REPO, TARGET, TESTS, child_env, run_replicas
+
+RELEASE = Version(TARGET.split("==", 1)[1])
+#: The row each target's release must be patched by.
+EXPECTED_VARIANT = ("optimum-neuron-0.1" if RELEASE < Version("0.3.0") else
+                    "optimum-neuron-0.3" if RELEASE < Version("0.4.0") else "optimum-neuron-0.4")
+
+CLOSURE_SCENARIOS = [
+    {"name": "sgd", "optimizer": "sgd", "steps": 3},
+    {"name": "lbfgs", "optimizer": "lbfgs", "steps": 2},
+    {"name": "clip", "optimizer": "sgd", "steps": 3, "clip": 0.05},
+]
+NO_CLOSURE = {"name": "no-closure", "optimizer": "sgd", "steps": 3, "closure": False}
+NAMES = [s["name"] for s in CLOSURE_SCENARIOS]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """{shim: {rank: result}}: one launch of 2 replicas per shim mode, every scenario in it."""
+    scenarios = CLOSURE_SCENARIOS + [NO_CLOSURE]
+    out = {shim: run_replicas(scenarios, shim, tmp_path_factory.mktemp("neuron"), module="support.neuron_replica")
+           for shim in (True, False)}
+    os.makedirs(results_dir(), exist_ok=True)
+    with open(summary_path(), "w") as handle:
+        json.dump(summarize(out), handle, indent=1, sort_keys=True)
+    return out
+
+
+def results_dir():
+    return os.environ.get("TPU_CLOSURE_FIX_RESULTS") or os.path.join(REPO, "results")
+
+
+def summary_path():
+    return os.path.join(results_dir(), re.sub(r"[^A-Za-z0-9.+_-]+", "-", TARGET) + ".json")
+
+
+def _max_diff(a, b):
+    return max(abs(x - y) for step_a, step_b in zip(a, b) for x, y in zip(step_a, step_b))
+
+
+def summarize(runs):
+    """The matrix summary (the keys test_replicas writes for Lightning targets)."""
+    scenarios = {}
+    for spec in CLOSURE_SCENARIOS + [NO_CLOSURE]:
+        name = spec["name"]
+        with_shim, without = [[_params(runs, shim, rank, name) for rank in (0, 1)] for shim in (True, False)]
+        scenarios["optimum-neuron-" + name] = {
+            "steps": len(with_shim[0]),
+            "bug_can_occur": spec.get("closure", True),
+            "divergence_with_shim": _max_diff(*with_shim),
+            "divergence_without_shim": _max_diff(*without),
+            "reference_diff_with_shim": _max_diff(with_shim[0], _reference(runs, name)),
+            "reference_diff_without_shim": _max_diff(without[0], _reference(runs, name)),
+        }
+    values = scenarios.values()
+    return {
+        "target": TARGET,
+        "lightning": None,
+        "framework": "optimum-neuron %s" % runs[True][0]["optimum_neuron"],
+        "scenarios_run": list(scenarios),
+        "not_applicable": {},
+        "replicas": 2,
+        "steps_compared": sum(s["steps"] for s in values),
+        "max_divergence_with_shim": max(s["divergence_with_shim"] for s in values),
+        "max_divergence_without_shim": max(s["divergence_without_shim"] for s in values),
+        "max_reference_diff_with_shim": max(s["reference_diff_with_shim"] for s in values),
+        "scenarios": scenarios,
+        "sites": {"with_shim": runs[True][0]["site"], "without_shim": runs[False][0]["site"]},
+    }
+
+
+def _params(runs, shim, rank, name):
+    return runs[shim][rank]["scenarios"][name]["params"]
+
+
+def _reference(runs, name):
+    return runs[True][0]["scenarios"][name]["reference"]
+
+
+def _events(runs, shim, rank, name):
+    """The event names, gradient reductions marked with their tensor count (the all_reduce they issue
+    is the stand-in's detail, left out)."""
+    out = []
+    for event, info in runs[shim][rank]["scenarios"][name]["events"]:
+        if event == "bucket_allreduce":
+            out.append("bucket_allreduce(%d)" % info["tensors"])
+        elif event != "all_reduce":
+            out.append(event)
+    return out
+
+
+def test_summary_written(runs):
+    with open(summary_path()) as handle:
+        summary = json.load(handle)
+    assert summary["target"] == TARGET and summary["max_reference_diff_with_shim"] == 0.0
+    assert summary["max_divergence_without_shim"] > 0.0
+
+
+def test_the_release_under_test_runs_on_accelerates_xla_state(runs):
+    for shim in (True, False):
+        assert runs[shim][0]["optimum_neuron"] == str(RELEASE)
+        for rank in (0, 1):
+            for name, entry in runs[shim][rank]["scenarios"].items():
+                assert entry["distributed_type"] == "DistributedType.XLA", (shim, rank, name)
+
+
+def test_site_patched_with_shim_and_original_without(runs):
+    assert runs[True][0]["shim"] is True and runs[False][0]["shim"] is False
+    assert runs[True][0]["site"] == {"wrapped": True, "verdict": "patched", "variant": EXPECTED_VARIANT,
+                                     "release": str(RELEASE)}
+    assert runs[False][0]["site"] == {"wrapped": False, "verdict": "disabled", "variant": EXPECTED_VARIANT,
+                                      "release": str(RELEASE)}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_with_shim_equals_reference_bitwise(runs, name):
+    reference = _reference(runs, name)
+    assert len(reference) == next(s["steps"] for s in CLOSURE_SCENARIOS if s["name"] == name)
+    for rank in (0, 1):
+        assert _params(runs, True, rank, name) == reference, "rank %d differs from the reference" % rank
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_without_shim_replicas_diverge(runs, name):
+    """The twin: the released code steps on unreduced closure gradients."""
+    rank0, rank1 = _params(runs, False, 0, name), _params(runs, False, 1, name)
+    assert rank0[-1] != rank1[-1], "replicas agree without the shim: the scenario does not show the bug"
+    assert rank0[-1] != _reference(runs, name)[-1]
+
+
+def test_sgd_event_order_closure_then_reduction_then_step(runs):
+    """With the shim: closure -> data-parallel reduction of its 4 gradients -> step, at every step.
+    Without it (the twin), the release's order: the reduction runs before the closure (of no gradients
+    at the first step, of the previous step's stale ones after it)."""
+    for rank in (0, 1):
+        assert _events(runs, True, rank, "sgd") == [
+            "step", "closure", "bucket_allreduce(4)", "optimizer_step"] * 3
+        without = _events(runs, False, rank, "sgd")
+        assert without[:4] == ["step", "bucket_allreduce(0)", "closure", "optimizer_step"]
+        assert without[4:] == ["step", "bucket_allreduce(4)", "closure", "optimizer_step"] * 2
+
+
+def test_clipping_follows_the_reduction_of_the_closures_gradients(runs):
+    for rank in (0, 1):
+        assert _events(runs, True, rank, "clip") == [
+            "step", "closure", "bucket_allreduce(4)", "clip_grad_norm", "optimizer_step"] * 3
+        without = _events(runs, False, rank, "clip")
+        assert without.index("clip_grad_norm") < without.index("closure")
+
+
+def _reductions_after_each_evaluation(events):
+    """For every closure evaluation, the gradient reductions (more than one tensor) before the next
+    evaluation or step."""
+    counts = []
+    for event in events:
+        if event == "closure":
+            counts.append(0)
+        elif event == "optimizer_step":
+            counts.append(None)
+        elif counts and counts[-1] is not None and event.startswith("bucket_allreduce(") and event != \
+                "bucket_allreduce(1)":
+            counts[-1] += 1
+    return [c for c in counts if c is not None]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_each_closure_evaluation_is_reduced_exactly_once(runs, name):
+    for rank in (0, 1):
+        with_shim = _reductions_after_each_evaluation(_events(runs, True, rank, name))
+        without = _reductions_after_each_evaluation(_events(runs, False, rank, name))
+        assert with_shim and set(with_shim) == {1}, with_shim
+        assert without and set(without) == {0}, without
+
+
+def test_lbfgs_replicas_evaluate_the_closure_equally_often(runs):
+    """The lockstep rule over the data-parallel group: each evaluation also averages the loss with the
+    release's bucket_allreduce_gradients (one 1-tensor reduction), so both replicas' LBFGS take the same
+    branches. Without the shim no evaluation is reduced at all."""
+    counts = []
+    for rank in (0, 1):
+        events = _events(runs, True, rank, "lbfgs")
+        evaluations = events.count("closure")
+        assert evaluations == events.count("bucket_allreduce(1)") == events.count("bucket_allreduce(4)") > 2
+        counts.append(evaluations)
+        without = _events(runs, False, rank, "lbfgs")
+        assert "bucket_allreduce(1)" not in without
+    assert counts[0] == counts[1]
+
+
+def test_no_closure_path_is_untouched(runs):
+    """Backward, then ``step()``: the release was right; with or without the shim the same events and the
+    same bitwise parameters, equal to the reference."""
+    name = NO_CLOSURE["name"]
+    for rank in (0, 1):
+        with_shim, without = runs[True][rank]["scenarios"][name], runs[False][rank]["scenarios"][name]
+        assert with_shim["events"] == without["events"]
+        assert with_shim["params"] == without["params"] == _reference(runs, name)
+
+
+# --------------------------------------------------------------------------- status
+def _status(shim):
+    """``tpu-closure-fix status --json`` in a process that imported the optimizer module (on the stand-ins:
+    support.neuron_status, what the release matrix runs for these targets)."""
+    env = child_env(shim)
+    env.pop("TPU_CLOSURE_FIX_RESULTS", None)
+    proc = subprocess.run([sys.executable, "-m", "support.neuron_status", "--json"], env=env, cwd=TESTS, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
+    records = json.loads(proc.stdout[proc.stdout.index("["):])
+    rows = [r for r in records if r["module"] == "optimum.neuron.accelerate.optimizer"]
+    assert len(rows) == 1, rows
+    return proc, rows[0]
+
+
+def test_status_reports_the_row_patched():
+    proc, record = _status(True)
+    assert (record["verdict"], record["variant"], record["release"]) == ("patched", EXPECTED_VARIANT, str(RELEASE))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_status_without_shim_reports_disabled_and_fails():
+    """The twin: TPU_CLOSURE_FIX=0 leaves the release's step in place; status says so, exit 1."""
+    proc, record = _status(False)
+    assert record["verdict"] == "disabled"
+    assert proc.returncode == 1
