@@ -17,7 +17,8 @@ Scenarios (JSON dicts): ``optimizer`` (sgd/adam/lbfgs), ``steps``, ``closure``
 (default true: ``optimizer.step(closure)``; false: backward, then ``step()``),
 ``clip`` (``prepare_clip_grad_norm(parameters, max_norm)`` before each step, as
 ``NeuronAccelerator.clip_grad_norm_(..., postpone_clipping_to_optimizer_step=True)``
-does). For each it writes the stand-ins' event log, the flattened parameters
+does; 0.0.x's XLA branch never clips: its ``prepare_clip_grad_norm`` keeps only
+the model-parallel parameters). For each it writes the stand-ins' event log, the flattened parameters
 after every step and (rank 0) the plain-PyTorch reference.
 """
 import argparse
@@ -48,9 +49,20 @@ def _bucket_mean(per_replica, world):
     return total
 
 
-def reference(scenario, world):
-    """Plain PyTorch: each replica's gradients averaged as neuronx-distributed averages them, after each
-    closure evaluation, then clipped by neuronx-distributed's clip_grad_norm; LBFGS sees the mean loss."""
+def _xla_mean(per_replica, world):
+    """What torch_xla's reduce_gradients / all_reduce(sum, scale=1/world) compute: sum, then scale."""
+    total = per_replica[0]
+    for other in per_replica[1:]:
+        total = [a + b for a, b in zip(total, other)]
+    return [t * (1.0 / world) for t in total]
+
+
+def reference(scenario, world, family):
+    """Plain PyTorch: each replica's gradients averaged after each closure evaluation, the way the fixed
+    release averages them (``family``: ``"bucket"``, neuronx-distributed's bucket_allreduce_gradients,
+    0.1.0 on; ``"xla"``, torch_xla's reduce_gradients through the guarded ``xm.optimizer_step``, 0.0.x),
+    then clipped by neuronx-distributed's clip_grad_norm if asked; LBFGS sees the mean loss."""
+    mean = _bucket_mean if family == "bucket" else _xla_mean
     steps = scenario["steps"]
     data = [harness.batches(r, steps, 1) for r in range(world)]
     layers = harness.make_layers(scenario)
@@ -64,12 +76,12 @@ def reference(scenario, world):
                 loss = harness.loss_fn(layers, *data[r][step])
                 per_replica.append(list(torch.autograd.grad(loss, params)))
                 losses.append(loss.detach())
-            for p, g in zip(params, _bucket_mean(per_replica, world)):
+            for p, g in zip(params, mean(per_replica, world)):
                 p.grad = g
             if scenario.get("clip"):
                 _clip(params, scenario["clip"])
             if isinstance(opt, torch.optim.LBFGS):
-                return _bucket_mean([[loss] for loss in losses], world)[0]
+                return mean([[loss] for loss in losses], world)[0]
             return losses[0]
 
         opt.step(closure)
@@ -90,6 +102,14 @@ def _clip(params, max_norm):
 
 
 # --------------------------------------------------------------------------- optimum-neuron
+def family(module):
+    """How the installed release reduces: ``"xla"`` (0.0.x: ``xm.optimizer_step`` on XLA) or ``"bucket"``."""
+    import inspect
+
+    step = inspect.unwrap(vars(module.NeuronAcceleratedOptimizer)["step"])
+    return "xla" if "optimizer_step" in step.__code__.co_names else "bucket"
+
+
 def neuron_optimizer(module, inner):
     """A NeuronAcceleratedOptimizer around ``inner``, as NeuronAccelerator.prepare_optimizer builds it."""
     optimizer = module.NeuronAcceleratedOptimizer(inner)
@@ -175,7 +195,7 @@ def main(argv=None):
         entry = run_scenario(module, scenario, args.rank)
         entry["events"] = [[name, info] for name, info in xla_standin.events]
         if args.rank == 0:
-            entry["reference"] = reference(scenario, args.world)
+            entry["reference"] = reference(scenario, args.world, family(module))
         results["scenarios"][scenario["name"]] = entry
     results["site"] = site_state()
     with open(args.out, "w") as handle:

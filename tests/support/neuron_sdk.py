@@ -27,8 +27,9 @@ i.e. data-parallel size N:
   ``ZeroRedundancyOptimizer``: classes the release tests with ``isinstance``;
   the scenarios never build one (instantiating raises).
 
-Every other name the optimizer's package imports at module level is
-import-only: calling it raises, so no scenario silently depends on it.
+Every other name and ``neuronx_distributed`` module optimum-neuron imports at
+module level is import-only: an unsimulated class that raises when called,
+so no scenario silently depends on it.
 
 ``optimum.neuron.accelerate``'s package ``__init__`` imports
 ``NeuronAccelerator``, which needs the whole SDK (compiler, pipeline
@@ -67,27 +68,47 @@ def _module(name, package=False, cls=types.ModuleType):
     return module
 
 
+def _unsimulated_class(qualified):
+    """A class (optimum-neuron subclasses some of the SDK's at import time) that raises when called."""
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError("%s is not simulated (imported by optimum-neuron; the scenarios never call it)"
+                           % qualified)
+
+    return type(qualified.rsplit(".", 1)[1], (object,), {"__init__": __init__})
+
+
 class _ImportOnly(types.ModuleType):
-    """A module whose every missing name is a function that raises when called (import-time names only)."""
+    """A module whose every missing name is an unsimulated class (import-time names only)."""
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        qualified = "%s.%s" % (self.__name__, name)
-
-        def unsimulated(*args, **kwargs):
-            raise RuntimeError("%s is not simulated (imported by optimum-neuron; the scenarios never call it)"
-                               % qualified)
-
-        unsimulated.__name__ = name
-        return unsimulated
+        value = _unsimulated_class("%s.%s" % (self.__name__, name))
+        setattr(self, name, value)
+        return value
 
 
-def _unsimulated_class(qualified):
-    def __init__(self, *args, **kwargs):
-        raise RuntimeError("%s is not simulated (the scenarios never build one)" % qualified)
+class _ImportOnlyFinder(object):
+    """Every other ``neuronx_distributed.*`` module optimum-neuron imports (0.0.x's ``optimum.neuron``
+    imports many at import time) is an import-only package."""
 
-    return type(qualified.rsplit(".", 1)[1], (object,), {"__init__": __init__})
+    PREFIX = "neuronx_distributed."
+
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if not fullname.startswith(cls.PREFIX):
+            return None
+        return importlib.machinery.ModuleSpec(fullname, cls, is_package=True)
+
+    @staticmethod
+    def create_module(spec):
+        module = _ImportOnly(spec.name)
+        module.__path__ = []
+        return module
+
+    @staticmethod
+    def exec_module(module):
+        return None
 
 
 # --------------------------------------------------------------------------- parallel_state
@@ -229,9 +250,8 @@ def install(world_size, ordinal):
     layers.clip_grad_norm = clip_grad_norm  # parallel_layers/__init__ re-exports it
     optimizer = _module("neuronx_distributed.optimizer")
     optimizer.NeuronZero1Optimizer = _unsimulated_class("neuronx_distributed.optimizer.NeuronZero1Optimizer")
-    for name in ("neuronx_distributed.pipeline", "neuronx_distributed.utils",
-                 "neuronx_distributed.utils.activation_checkpoint", "neuronx_distributed.utils.model_utils"):
-        _module(name, cls=_ImportOnly)
+    if _ImportOnlyFinder not in sys.meta_path:
+        sys.meta_path.append(_ImportOnlyFinder)
     return xm
 
 

@@ -57,7 +57,9 @@ ONLY_ON = {
     # the LBFGS lockstep rule, through each kind of fix: Fabric's precision plugin and accelerate's step
     "test_lockstep.py": ("lightning-fabric==2.6.6", "accelerate==1.15.0"),
     # optimum-neuron (Trainium): one target per row of NeuronAcceleratedOptimizer.step
-    "test_optimum_neuron.py": ("optimum-neuron==0.2.2", "optimum-neuron==0.3.0", "optimum-neuron==0.4.5"),
+    # (0.0.28: no row, the torch_xla guard's call: guarded)
+    "test_optimum_neuron.py": ("optimum-neuron==0.0.28", "optimum-neuron==0.2.2", "optimum-neuron==0.3.0",
+                               "optimum-neuron==0.4.5"),
 }
 
 #: Targets without Lightning: only the modules that list them in ONLY_ON run there.

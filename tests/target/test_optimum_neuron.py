@@ -16,6 +16,11 @@ the shim the parameters after every step are bitwise equal to the plain-PyTorch
 reference (support.neuron_replica.reference) and every closure evaluation is
 followed by exactly one data-parallel reduction of the gradients it produced;
 without it, the release reduces before the closure and the replicas diverge.
+
+0.0.x (the 0.0.28 target) has no row: its XLA branch passes the closure to
+``xm.optimizer_step``, and the torch_xla guard is what protects it (``status``:
+``guarded``). The same scenarios show it: its reduction is torch_xla's
+``reduce_gradients`` (over every replica: data parallelism only on that branch).
 """
 import json
 import os
@@ -26,18 +31,21 @@ import sys
 import pytest
 from packaging.version import Version
 
-from conftest import REPO, TARGET, TESTS, child_env, run_replicas
+from conftest import REPO, TARGET, TESTS, child_env, defined_where, run_replicas
 
 RELEASE = Version(TARGET.split("==", 1)[1])
+#: 0.0.x: no row; the torch_xla guard protects its xm.optimizer_step call.
+GUARDED = RELEASE < Version("0.1.0")
 #: The row each target's release must be patched by.
-EXPECTED_VARIANT = ("optimum-neuron-0.1" if RELEASE < Version("0.3.0") else
+EXPECTED_VARIANT = (None if GUARDED else "optimum-neuron-0.1" if RELEASE < Version("0.3.0") else
                     "optimum-neuron-0.3" if RELEASE < Version("0.4.0") else "optimum-neuron-0.4")
+#: What status says with the shim, and without it (the twin).
+EXPECTED_VERDICTS = ("guarded", "skipped") if GUARDED else ("patched", "disabled")
 
 CLOSURE_SCENARIOS = [
     {"name": "sgd", "optimizer": "sgd", "steps": 3},
     {"name": "lbfgs", "optimizer": "lbfgs", "steps": 2},
-    {"name": "clip", "optimizer": "sgd", "steps": 3, "clip": 0.05},
-]
+] + ([] if GUARDED else [{"name": "clip", "optimizer": "sgd", "steps": 3, "clip": 0.05}])
 NO_CLOSURE = {"name": "no-closure", "optimizer": "sgd", "steps": 3, "closure": False}
 NAMES = [s["name"] for s in CLOSURE_SCENARIOS]
 
@@ -86,7 +94,8 @@ def summarize(runs):
         "lightning": None,
         "framework": "optimum-neuron %s" % runs[True][0]["optimum_neuron"],
         "scenarios_run": list(scenarios),
-        "not_applicable": {},
+        "not_applicable": {"optimum-neuron-clip": "0.0.x's XLA branch never clips (prepare_clip_grad_norm keeps "
+                                                  "only model-parallel parameters)"} if GUARDED else {},
         "replicas": 2,
         "steps_compared": sum(s["steps"] for s in values),
         "max_divergence_with_shim": max(s["divergence_with_shim"] for s in values),
@@ -106,13 +115,19 @@ def _reference(runs, name):
 
 
 def _events(runs, shim, rank, name):
-    """The event names, gradient reductions marked with their tensor count (the all_reduce they issue
-    is the stand-in's detail, left out)."""
+    """The event names; every reduction as ``reduce(n)``, n the tensors it reduced: neuronx-distributed's
+    bucket_allreduce_gradients (0.1.0 on; the all_reduce it issues is the stand-in's detail, left out),
+    torch_xla's reduce_gradients and a single-tensor all_reduce (the lockstep loss, 0.0.x)."""
     out = []
     for event, info in runs[shim][rank]["scenarios"][name]["events"]:
         if event == "bucket_allreduce":
-            out.append("bucket_allreduce(%d)" % info["tensors"])
-        elif event != "all_reduce":
+            out.append("reduce(%d)" % info["tensors"])
+        elif event == "reduce_gradients":
+            out.append("reduce(%d)" % info["grads"])
+        elif event == "all_reduce":
+            if "numel" in info:
+                out.append("reduce(1)")
+        elif event != "mark_step":
             out.append(event)
     return out
 
@@ -134,9 +149,9 @@ def test_the_release_under_test_runs_on_accelerates_xla_state(runs):
 
 def test_site_patched_with_shim_and_original_without(runs):
     assert runs[True][0]["shim"] is True and runs[False][0]["shim"] is False
-    assert runs[True][0]["site"] == {"wrapped": True, "verdict": "patched", "variant": EXPECTED_VARIANT,
-                                     "release": str(RELEASE)}
-    assert runs[False][0]["site"] == {"wrapped": False, "verdict": "disabled", "variant": EXPECTED_VARIANT,
+    assert runs[True][0]["site"] == {"wrapped": not GUARDED, "verdict": EXPECTED_VERDICTS[0],
+                                     "variant": EXPECTED_VARIANT, "release": str(RELEASE)}
+    assert runs[False][0]["site"] == {"wrapped": False, "verdict": EXPECTED_VERDICTS[1], "variant": EXPECTED_VARIANT,
                                       "release": str(RELEASE)}
 
 
@@ -162,16 +177,17 @@ def test_sgd_event_order_closure_then_reduction_then_step(runs):
     at the first step, of the previous step's stale ones after it)."""
     for rank in (0, 1):
         assert _events(runs, True, rank, "sgd") == [
-            "step", "closure", "bucket_allreduce(4)", "optimizer_step"] * 3
+            "step", "closure", "reduce(4)", "optimizer_step"] * 3
         without = _events(runs, False, rank, "sgd")
-        assert without[:4] == ["step", "bucket_allreduce(0)", "closure", "optimizer_step"]
-        assert without[4:] == ["step", "bucket_allreduce(4)", "closure", "optimizer_step"] * 2
+        assert without[:4] == ["step", "reduce(0)", "closure", "optimizer_step"]
+        assert without[4:] == ["step", "reduce(4)", "closure", "optimizer_step"] * 2
 
 
+@defined_where(not GUARDED)
 def test_clipping_follows_the_reduction_of_the_closures_gradients(runs):
     for rank in (0, 1):
         assert _events(runs, True, rank, "clip") == [
-            "step", "closure", "bucket_allreduce(4)", "clip_grad_norm", "optimizer_step"] * 3
+            "step", "closure", "reduce(4)", "clip_grad_norm", "optimizer_step"] * 3
         without = _events(runs, False, rank, "clip")
         assert without.index("clip_grad_norm") < without.index("closure")
 
@@ -185,8 +201,7 @@ def _reductions_after_each_evaluation(events):
             counts.append(0)
         elif event == "optimizer_step":
             counts.append(None)
-        elif counts and counts[-1] is not None and event.startswith("bucket_allreduce(") and event != \
-                "bucket_allreduce(1)":
+        elif counts and counts[-1] is not None and event.startswith("reduce(") and event != "reduce(1)":
             counts[-1] += 1
     return [c for c in counts if c is not None]
 
@@ -201,17 +216,17 @@ def test_each_closure_evaluation_is_reduced_exactly_once(runs, name):
 
 
 def test_lbfgs_replicas_evaluate_the_closure_equally_often(runs):
-    """The lockstep rule over the data-parallel group: each evaluation also averages the loss with the
-    release's bucket_allreduce_gradients (one 1-tensor reduction), so both replicas' LBFGS take the same
-    branches. Without the shim no evaluation is reduced at all."""
+    """The lockstep rule over the data-parallel group: each evaluation also averages the loss (one 1-tensor
+    reduction: the release's bucket_allreduce_gradients; torch_xla's all_reduce on 0.0.x), so both replicas'
+    LBFGS take the same branches. Without the shim no evaluation is reduced at all."""
     counts = []
     for rank in (0, 1):
         events = _events(runs, True, rank, "lbfgs")
         evaluations = events.count("closure")
-        assert evaluations == events.count("bucket_allreduce(1)") == events.count("bucket_allreduce(4)") > 2
+        assert evaluations == events.count("reduce(1)") == events.count("reduce(4)") > 2
         counts.append(evaluations)
         without = _events(runs, False, rank, "lbfgs")
-        assert "bucket_allreduce(1)" not in without
+        assert "reduce(1)" not in without
     assert counts[0] == counts[1]
 
 
@@ -239,14 +254,16 @@ def _status(shim):
     return proc, rows[0]
 
 
-def test_status_reports_the_row_patched():
+def test_status_reports_the_row_patched_or_guarded():
     proc, record = _status(True)
-    assert (record["verdict"], record["variant"], record["release"]) == ("patched", EXPECTED_VARIANT, str(RELEASE))
+    assert (record["verdict"], record["variant"], record["release"]) == (EXPECTED_VERDICTS[0], EXPECTED_VARIANT,
+                                                                         str(RELEASE))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_status_without_shim_reports_disabled_and_fails():
-    """The twin: TPU_CLOSURE_FIX=0 leaves the release's step in place; status says so, exit 1."""
+def test_status_without_shim_reports_unprotected_and_fails():
+    """The twin: TPU_CLOSURE_FIX=0 leaves the release's step (and torch_xla's optimizer_step) in place;
+    status says so, exit 1."""
     proc, record = _status(False)
-    assert record["verdict"] == "disabled"
+    assert record["verdict"] == EXPECTED_VERDICTS[1]
     assert proc.returncode == 1

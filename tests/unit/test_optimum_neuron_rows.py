@@ -1,4 +1,6 @@
 """optimum-neuron's rows of the call-site table, and how its release is read."""
+import json
+import os
 import sys
 import types
 
@@ -10,7 +12,7 @@ ROWS = [s for s in sites.CALL_SITES if s.integration == "optimum_neuron"]
 #: Releases whose optimizer.py was read (files identical within a row; 0.0.24-0.0.28: the torch_xla
 #: guard's call, no row).
 READ = {"optimum-neuron-0.1": ("0.1.0", "0.2.0", "0.2.1", "0.2.2"), "optimum-neuron-0.3": ("0.3.0",),
-        "optimum-neuron-0.4": ("0.4.0", "0.4.4", "0.4.5")}
+        "optimum-neuron-0.4": ("0.4.0", "0.4.1", "0.4.2", "0.4.3", "0.4.4", "0.4.5")}
 
 
 def test_rows_are_loaded_into_the_table_and_arm_the_watcher():
@@ -24,6 +26,19 @@ def test_every_release_read_falls_in_exactly_one_row():
             assert [s.variant for s in ROWS if in_range(release, s.releases)] == [variant], release
     for release in ("0.0.24", "0.0.28", "0.4.6", "0.5.0"):  # guarded by torch_xla's guard / not read: no row
         assert not any(in_range(release, s.releases) for s in ROWS), release
+
+
+def test_recorded_fingerprints_agree_with_the_measured_releases():
+    """One code per row, measured from every wheel of its range (docs/fingerprints.json)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs",
+                        "fingerprints.json")
+    with open(path) as handle:
+        measured = json.load(handle)
+    for site in ROWS:
+        assert sorted(measured[site.variant]) == sorted(READ[site.variant]), site.variant
+        assert {fp for _, fp in site.fingerprints} == set(measured[site.variant].values()), site.variant
+        for release, fingerprint in site.fingerprints:
+            assert measured[site.variant][release] == fingerprint, (site.variant, release)
 
 
 def _namespace_modules(monkeypatch, lazy_version=None, version_module="0.4.5"):

@@ -72,11 +72,12 @@ EXPERT_PARALLEL = Shape(PARAMS, varkw=False, requires=_COMMON + _EXPERT_PARALLEL
 
 
 #: Code fingerprints (:mod:`tpu_closure_fix.identity`) of each row's known code, ``(release,
-#: fingerprint)``, measured by ``python scripts/fingerprints.py`` from the wheels read.
+#: fingerprint)``, measured by ``python scripts/fingerprints.py wheels`` from every wheel 0.1.0-0.4.5
+#: (docs/fingerprints.json): one code per row.
 FINGERPRINTS = {
-    "optimum-neuron-0.1": (),
-    "optimum-neuron-0.3": (),
-    "optimum-neuron-0.4": (),
+    "optimum-neuron-0.1": (("0.2.2", "sha256:cd9aef4581d4485b"),),
+    "optimum-neuron-0.3": (("0.3.0", "sha256:569735073877ce50"),),
+    "optimum-neuron-0.4": (("0.4.5", "sha256:0a45407c4da42099"),),
 }
 
 
