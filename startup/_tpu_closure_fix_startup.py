@@ -42,6 +42,10 @@ WATCHED_PACKAGES = frozenset(("pytorch_lightning", "lightning", "lightning_lite"
 # left to tpu_closure_fix.config, which warns about values it does not accept.
 OFF_VALUES = frozenset(("0", "false", "off", "no"))
 
+# Arms the zero-code sync check, also under TPU_CLOSURE_FIX=0. Must equal
+# tpu_closure_fix.config.SYNC_CHECK_VAR (a test checks it).
+SYNC_CHECK_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK"
+
 
 def find_spec(fullname, path=None, target=None):
     """The finder protocol: on the first watched top-level package, disarm and activate. Finds nothing."""
@@ -54,7 +58,8 @@ def find_spec(fullname, path=None, target=None):
 def install():
     """Arm the watcher: put this module first on ``sys.meta_path`` (idempotent).
 
-    Does nothing under ``TPU_CLOSURE_FIX=0`` or when the shim is active already;
+    Does nothing under ``TPU_CLOSURE_FIX=0`` (unless ``TPU_CLOSURE_FIX_SYNC_CHECK`` asks for the check)
+    or when the shim is active already;
     activates at once when a watched package is already imported (a late call).
     A copy of this file executed outside the import system (not in
     ``sys.modules``) has no module object to arm and does nothing.
@@ -91,9 +96,12 @@ def on_watched_import(module):
 
 
 def _disabled_by_environment():
+    """TPU_CLOSURE_FIX is off and the zero-code sync check is not asked for (it is armed with the fix off too)."""
     import os  # a local name, never a global: see the module docstring
 
-    return os.environ.get("TPU_CLOSURE_FIX", "").strip().lower() in OFF_VALUES
+    environ = os.environ
+    return (environ.get("TPU_CLOSURE_FIX", "").strip().lower() in OFF_VALUES
+            and environ.get(SYNC_CHECK_VAR, "").strip() in ("", "0"))
 
 
 def _activate():

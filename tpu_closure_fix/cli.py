@@ -17,7 +17,21 @@ def _cmd_status(args):
             print("\nUNPROTECTED: %d installed affected site(s) run the buggy code." % len(bad))
         else:
             print("\nOK: every installed affected site is patched, guarded or fixed upstream.")
+        print(_sync_check_line())
     return 1 if report.unprotected(records) else 0
+
+
+def _sync_check_line():
+    """Whether the zero-code SyncCheck is armed here; its module is only imported when its variable is set."""
+    import os
+
+    from .config import SYNC_CHECK_VAR
+
+    if not os.environ.get(SYNC_CHECK_VAR):
+        return "zero-code sync check: off (%s unset)" % SYNC_CHECK_VAR
+    from . import synchook
+
+    return synchook.status_line()
 
 
 def build_parser():

@@ -198,6 +198,7 @@ def _cmd_run(args):
     except BootstrapError as exc:
         sys.stderr.write("tpu-closure-fix run: %s\n" % exc)
         return 2
+    env.update(sync_check_environment(args))
     for line in defeat_warnings(command):
         sys.stderr.write(line)
     try:
@@ -205,6 +206,30 @@ def _cmd_run(args):
     except OSError as exc:
         sys.stderr.write("tpu-closure-fix run: cannot run %s: %s\n" % (quote_value(command[0]), exc.strerror or exc))
         return 127
+
+
+def sync_check_environment(args):
+    """The zero-code SyncCheck's variables for the command, from ``--sync-check`` / ``--sync-check-on-divergence``."""
+    from .synchook import ON_DIVERGENCE_VAR, SYNC_CHECK_VAR
+
+    env = {}
+    if args.sync_check is not None:
+        env[SYNC_CHECK_VAR] = str(args.sync_check)
+    if args.sync_check_on_divergence is not None:
+        env[ON_DIVERGENCE_VAR] = args.sync_check_on_divergence
+    return env
+
+
+def _sync_check_steps(raw):
+    """argparse type of ``--sync-check``: the values TPU_CLOSURE_FIX_SYNC_CHECK accepts."""
+    import argparse
+
+    from .synchook import parse_every
+
+    every, problem = parse_every(raw)
+    if problem or not raw.strip():
+        raise argparse.ArgumentTypeError("N must be a whole number of optimizer steps (ASCII digits; 0: off)")
+    return every
 
 
 def add_parser(subparsers):
@@ -219,6 +244,11 @@ def add_parser(subparsers):
                     "COMMAND. Not effective under python -S (no sitecustomize), python -E or -I "
                     "(PYTHONPATH ignored; run warns), or commands that clear the environment (env -i, "
                     "sudo); use `import tpu_closure_fix` in the script there.")
+    parser.add_argument("--sync-check", metavar="N", type=_sync_check_steps,
+                        help="compare the replicas' parameters every N optimizer steps in every process of the "
+                             "command, also with TPU_CLOSURE_FIX=0 (sets TPU_CLOSURE_FIX_SYNC_CHECK; 0: off)")
+    parser.add_argument("--sync-check-on-divergence", choices=("warn", "raise"),
+                        help="what the check does when the replicas differ (default warn)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the command and its arguments")
     parser.set_defaults(func=_cmd_run)
     return parser

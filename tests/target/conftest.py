@@ -60,6 +60,8 @@ ONLY_ON = {
     # (0.0.28: no row, the torch_xla guard's call: guarded)
     "test_optimum_neuron.py": ("optimum-neuron==0.0.28", "optimum-neuron==0.2.2", "optimum-neuron==0.3.0",
                                "optimum-neuron==0.4.5"),
+    # the zero-code SyncCheck: the affected Trainer (and a plain xm.optimizer_step loop), the newest Fabric and accelerate
+    "test_sync_zero_code.py": ("pytorch-lightning==1.8.6", "lightning-fabric==2.6.6", "accelerate==1.15.0"),
 }
 
 #: Targets without Lightning: only the modules that list them in ONLY_ON run there.
