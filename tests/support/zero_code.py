@@ -4,7 +4,7 @@ Run as a process (``python -m support.zero_code --scenarios JSON ...``, ``tests`
 replica, joined by ``torch.distributed`` over gloo. The training itself is the harness's: the
 Lightning Trainer and Lite/Fabric loops of :mod:`support.lightning_api`, accelerate's loop of
 :mod:`support.accelerate_replica`, or a plain loop calling ``xm.optimizer_step`` (torch_xla
-stand-in) with or without a closure; ``torch``: a plain torch.distributed loop without torch_xla,
+stand-in) with or without a closure, or on real torch_xla (``xla-real``); ``torch``: a plain torch.distributed loop without torch_xla,
 whose gradients are all-reduced (``--reduce``) or not. Nothing in it arms or calls SyncCheck: the
 environment (``TPU_CLOSURE_FIX_SYNC_CHECK``) decides, through ``import tpu_closure_fix`` as in the
 harness (the start-up watcher does the same for a user).
@@ -94,6 +94,33 @@ def run_xla(args, steps):
             installed.optimizer_step(optimizer)
 
 
+def run_real_xla(args, steps):
+    """A plain loop on real torch_xla, one XLA device per process: ``xm.optimizer_step`` with a closure.
+
+    The processes are joined by gloo only: xm's reduction sees a world of 1 and reduces nothing, so
+    replicas with different data diverge (``same_data``: every replica trains on rank 0's data)."""
+    import torch_xla.core.xla_model as xm
+
+    import tpu_closure_fix  # noqa: F401
+
+    show_ours()
+    device = xm.xla_device()
+    layers = [layer.to(device) for layer in harness.make_layers({})]
+    params = [p for layer in layers for p in layer.parameters()]
+    optimizer = harness.make_optimizer("sgd", params)
+    for x, y in harness.batches(0 if args.same_data else args.rank, steps, 1):
+        x, y = x.to(device), y.to(device)
+
+        def closure(x=x, y=y):
+            optimizer.zero_grad()
+            loss = harness.loss_fn(layers, x, y)
+            loss.backward()
+            return loss
+
+        xm.optimizer_step(optimizer, optimizer_args={"closure": closure})
+        xm.mark_step()
+
+
 def run_lightning(args, steps):
     from support import lightning_api as api
     from support import xla_standin as xm
@@ -124,8 +151,8 @@ def run_accelerate(args, steps):
     accelerate_replica.run_scenario({"name": "zero-code", "optimizer": "sgd", "steps": steps}, args.rank, args.world)
 
 
-RUNNERS = {"torch": run_torch, "xla": run_xla, "trainer": run_lightning, "lite": run_lightning,
-           "accelerate": run_accelerate}
+RUNNERS = {"torch": run_torch, "xla": run_xla, "xla-real": run_real_xla, "trainer": run_lightning,
+           "lite": run_lightning, "accelerate": run_accelerate}
 
 
 def zero_code_state():
@@ -140,6 +167,7 @@ def zero_code_state():
 def run_scenario(args, scenario, seen):
     """Train one scenario; what happened: our warnings issued meanwhile, optimizer steps, the check's state."""
     args.api, args.closure, args.reduce = scenario["api"], scenario.get("closure", True), scenario.get("reduce", False)
+    args.same_data = scenario.get("same_data", False)
     first_warning, steps = len(seen), []
     from torch.optim.optimizer import register_optimizer_step_post_hook
 

@@ -1,0 +1,71 @@
+"""The zero-code SyncCheck on real torch_xla: a plain ``xm.optimizer_step`` loop, no SyncCheck in the code.
+
+Two processes, one XLA device each (``PJRT_DEVICE=CPU``), joined by gloo only: torch_xla sees a world
+of 1, so ``xm.optimizer_step``'s reduction reduces nothing and replicas with different data train
+different models -- with the shim off or on. ``TPU_CLOSURE_FIX_SYNC_CHECK=10`` under
+``TPU_CLOSURE_FIX=0`` must say so at step 10 (the comparison goes over gloo: the fingerprint vector of
+XLA tensors is copied to the host); its twins: the same data on both replicas (in sync: checked,
+silent) and the variable unset (nothing checked, the check's module not imported).
+"""
+import json
+import os
+import sys
+
+import pytest
+
+from xla_tier import REPO, TESTS, TIMEOUT, XLA_PY, defined_where, xla_env
+
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
+
+from support import ports  # noqa: E402
+from tpu_closure_fix.verify.child import run_children  # noqa: E402
+
+STEPS = 12
+EVERY = 10
+
+
+def run(tmp_path, scenarios, **variables):
+    port = ports.free_port()
+    outs = [str(tmp_path / ("rank%d.json" % rank)) for rank in range(2)]
+    env = xla_env(dict(variables, PJRT_DEVICE="CPU", TPU_CLOSURE_FIX="0"),
+                  drop=("PJRT_DEVICE", "CPU_NUM_DEVICES", "TPU_CLOSURE_FIX", "PYTHONPATH",
+                        "TPU_CLOSURE_FIX_SYNC_CHECK", "TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE"))
+    env["PYTHONPATH"] = os.pathsep.join([REPO, TESTS])
+    commands = [[XLA_PY, "-m", "support.zero_code", "--rank", str(rank), "--world", "2", "--port", str(port),
+                 "--scenarios", json.dumps(scenarios), "--out", out] for rank, out in enumerate(outs)]
+    runs = run_children(commands, TIMEOUT, env=env, cwd=TESTS, result_files=outs)
+    assert all(r.ok for r in runs), [r.error + r.stderr_tail() for r in runs]
+    return [r.payload["runs"] for r in runs]
+
+
+@pytest.fixture(scope="module")
+def armed(tmp_path_factory):
+    scenarios = [{"api": "xla-real", "steps": STEPS}, {"api": "xla-real", "steps": STEPS, "same_data": True}]
+    return run(tmp_path_factory.mktemp("armed"), scenarios, TPU_CLOSURE_FIX_SYNC_CHECK=str(EVERY))
+
+
+@defined_where(bool(XLA_PY))
+def test_different_data_warns_at_step_10_at_the_loops_line(armed):
+    for diverging, _ in armed:
+        assert diverging["steps"] == STEPS and not diverging["shim"], diverging
+        assert len(diverging["warnings"]) == 1, diverging["warnings"]
+        warning = diverging["warnings"][0]
+        assert "at step %d" % EVERY in warning["message"] and "across 2 replicas" in warning["message"], warning
+        assert warning["filename"] == os.path.join(TESTS, "support", "zero_code.py")
+        report = diverging["zero_code"]["last_report"]
+        assert report["outcome"] == "differ" and report["backend"] == "torch.distributed", report
+
+
+@defined_where(bool(XLA_PY))
+def test_same_data_is_checked_and_silent(armed):
+    for _, in_sync in armed:
+        assert in_sync["steps"] == STEPS and in_sync["warnings"] == [], in_sync
+        assert in_sync["zero_code"]["checks"] == 2 and in_sync["zero_code"]["last_report"]["outcome"] == "identical"
+
+
+@defined_where(bool(XLA_PY))
+def test_unset_nothing_is_checked_or_imported(tmp_path):
+    for (diverging,) in run(tmp_path, [{"api": "xla-real", "steps": STEPS}]):
+        assert diverging["steps"] == STEPS and diverging["warnings"] == [], diverging
+        assert diverging["zero_code"] == {"loaded": False, "armed_every": 0, "checks": 0, "last_report": None}
