@@ -58,7 +58,9 @@ STAMP_FORMAT = 1
 
 # Setuptools that still ships ``pkg_resources`` (82+ dropped it; torch 2.13
 # pulls 84.x into the venv).  Installed into the target, it shadows the venv's.
-SETUPTOOLS = "setuptools==81.0.0"
+# 75.3.0 is the last release for Python 3.8 (scripts/pythons.py installs targets
+# there with a 3.8 venv running this script).
+SETUPTOOLS = "setuptools==81.0.0" if sys.version_info >= (3, 9) else "setuptools==75.3.0"
 
 # --------------------------------------------------------------------------
 # Pins.  The Lightning distribution comes first, then its dependencies.

@@ -37,8 +37,9 @@ def _sync_check_line():
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="tpu-closure-fix",
-        description="Fix the gradient all-reduce order of closure-based optimizer steps on torch_xla (Lightning, "
-                    "Lite/Fabric, plain loops) at run time; report and check it.",
+        description="Fix the gradient all-reduce order of closure-based optimizer steps on torch_xla (Lightning "
+                    "Trainer, Lite/Fabric, Hugging Face accelerate, plain torch_xla loops) at run time; report "
+                    "and check it.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     status = sub.add_parser("status", help="one line per known call site: release and verdict "

@@ -6,9 +6,11 @@ other replica held ``OTHER``.
 """
 import types
 
-import torch
+import pytest
 
-from tpu_closure_fix import lockstep
+torch = pytest.importorskip("torch", reason="the lockstep rule acts on torch tensors: this interpreter has no torch")
+
+from tpu_closure_fix import lockstep  # noqa: E402  (after the skip: needs torch)
 
 OTHER = 3.0
 

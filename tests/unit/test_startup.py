@@ -100,23 +100,62 @@ def test_uninstall(standin):
     assert report["armed"] == 0 and report["activated"] is False
 
 
-def test_the_finder_keeps_no_other_module_alive_at_exit(standin):
-    """What sits on sys.meta_path lives until the interpreter's last clean-up pass, which clears the
-    globals of every module still alive then, entry by entry (``python -v``: ``# cleanup[3] wiping``).
-    Armed, the watcher may add itself to that list and nothing else (a global ``os`` would add
-    os, stat, posixpath...: 0.45 million instructions at every exit). Twin: the same interpreter with
-    the switch off, where the module is imported but not armed."""
-    def wiped(switch):
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TPU_CLOSURE_FIX")}
-        env.update(PYTHONPATH=os.pathsep.join([standin, STARTUP]), TPU_CLOSURE_FIX=switch)
-        proc = subprocess.run([sys.executable, "-S", "-v", "-c", "import _tpu_closure_fix_startup"], env=env,
-                              capture_output=True, text=True, timeout=120, cwd=standin)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        return {line.split()[-1] for line in proc.stderr.splitlines() if line.startswith("# cleanup[3] wiping ")}
+#: Run in a child after the import: every module (or module's globals) reachable from what the watcher
+#: put on ``sys.meta_path``, found by walking ``gc.get_referents`` and stopping at each module object and
+#: each other module's ``__dict__``. sys, builtins and the import system's own modules (every module's
+#: ``__spec__`` and ``__loader__`` lead there) are alive to the very end in any case.
+KEPT_ALIVE = """
+import gc, json, sys, types
+finder = sys.modules[sys.argv[1]]
+armed = any(f is finder for f in sys.meta_path)
+dicts = {id(m.__dict__): m.__name__ for m in list(sys.modules.values()) if isinstance(m, types.ModuleType)}
+seen, stack, kept = set(), [finder], set()
+while stack:
+    obj = stack.pop()
+    if id(obj) in seen:
+        continue
+    seen.add(id(obj))
+    if isinstance(obj, types.ModuleType) and obj is not finder:
+        kept.add(obj.__name__)
+    elif id(obj) in dicts and obj is not finder.__dict__:
+        kept.add(dicts[id(obj)])
+    else:
+        stack.extend(gc.get_referents(obj))
+always = {"sys", "builtins", "_frozen_importlib", "_frozen_importlib_external"}
+print(json.dumps({"armed": armed, "kept": sorted(kept - always)}))
+"""
 
-    armed, unarmed = wiped("1"), wiped("0")
-    assert "_tpu_closure_fix_startup" in armed and "_tpu_closure_fix_startup" not in unarmed
-    assert armed - unarmed == {"_tpu_closure_fix_startup"}, armed - unarmed
+
+def kept_alive(module, folders, switch="1"):
+    """Import ``module`` in a fresh ``python -S`` (PYTHONPATH: ``folders``); report whether it armed and
+    which modules it keeps alive besides those alive to the end anyway."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TPU_CLOSURE_FIX")}
+    env.update(PYTHONPATH=os.pathsep.join(folders), TPU_CLOSURE_FIX=switch)
+    code = "import %s\n" % module + KEPT_ALIVE
+    proc = subprocess.run([sys.executable, "-S", "-c", code, module], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=folders[0])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_finder_keeps_no_other_module_alive_at_exit(standin):
+    """What sits on sys.meta_path lives until the interpreter's last clean-up pass, which then clears
+    the globals of every module it still refers to, entry by entry (a global ``os`` would add os, stat,
+    posixpath...: 0.45 million instructions at every exit). Armed, the watcher refers to no module but
+    those alive to the end anyway (sys, builtins, the import system). Twin: with the switch off it is not on sys.meta_path at all."""
+    assert kept_alive("_tpu_closure_fix_startup", [standin, STARTUP]) == {"armed": True, "kept": []}
+    assert kept_alive("_tpu_closure_fix_startup", [standin, STARTUP], switch="0") == {"armed": False, "kept": []}
+
+
+def test_the_walk_finds_a_module_a_finder_keeps_alive(tmp_path):
+    """The walk above can fail: a finder module with a global ``os`` and a function taken from
+    ``os.path`` is reported as keeping both alive."""
+    (tmp_path / "leaky_finder.py").write_text(
+        "import sys, os\nfrom os.path import join\n"
+        "def find_spec(name, path=None, target=None):\n    return None\n"
+        "sys.meta_path.insert(0, sys.modules[__name__])\n")
+    report = kept_alive("leaky_finder", [str(tmp_path)])
+    assert report["armed"] and {"os", os.path.__name__} <= set(report["kept"]), report
 
 
 def test_the_module_has_no_module_among_its_globals_but_sys():
