@@ -6,6 +6,9 @@
 #                                        background while the matrix runs:
 #                                        torch_xla 2.1 + pytorch-lightning 1.8.6, and
 #                                        torch_xla 2.9 + lightning-fabric/pytorch-lightning/lightning 2.6.6)
+#   4. every other CPython 3.8-3.13     (scripts/pythons.py: tests/unit in a venv per interpreter, built in the
+#                                        background during the matrix; pytorch-lightning 1.8.6 on 3.8,
+#                                        lightning-fabric 2.6.6 and accelerate 1.15.0 on 3.13)
 # and ends with one closing line 'N passed, N failed, N skipped' over all of them.
 # The matrix runs all 25 targets, two at a time (15 min on 2 cores on a quiet day: 25.6 min of target
 # tests, one target's run keeps about 1.1 cores busy); options go to scripts/matrix.py
@@ -37,6 +40,9 @@ pytest_step unit tests/unit --ignore=tests/unit/test_properties.py  # that one n
 echo "== README's and the demo's commands, as written, in a fresh venv (tests/readme)"
 pytest_step readme tests/readme
 
+echo "== the package as it would be published: sdist and wheels, twine check, installed in fresh venvs (tests/package)"
+pytest_step package tests/package
+
 echo "== 2/3 release matrix (demo dependencies first: tests/target/test_demo.py needs them)"
 bash scripts/demo.sh --help >/dev/null || { echo "!! installing the demo dependencies failed"; status=1; }
 # The two torch_xla venvs are built in the background while the matrix runs, one after the other
@@ -51,6 +57,11 @@ bash scripts/demo.sh --help >/dev/null || { echo "!! installing the demo depende
   done
 ) &
 xla_builds=$!
+# The venvs of the other Pythons (scripts/pythons.py: pip downloads and unpacking, mostly waiting) are built
+# meanwhile too; their tests run after the matrix. The base venv's Python ran stage 1: left out.
+base_minor=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+"$PY" scripts/pythons.py build --results results --skip-minor "$base_minor" > results/pythons-build.log 2>&1 &
+pythons_build=$!
 disk
 "$PY" scripts/matrix.py --results results --prune "$@" || status=1
 
@@ -81,6 +92,14 @@ for tier in 2.1 2.9; do
     status=1
   fi
 done
+
+wait "$pythons_build"
+echo "== every other CPython 3.8-3.13 found: tests/unit, and a real-framework target at each end (scripts/pythons.py;"
+echo "   $base_minor ran stage 1 in the base venv)"
+cat results/pythons-build.log
+pythons_start=$(date +%s)
+"$PY" scripts/pythons.py test --results results --skip-minor "$base_minor" || status=1
+echo "   (interpreters' tests in $(( $(date +%s) - pythons_start )) s)"
 
 disk
 echo "== summary"

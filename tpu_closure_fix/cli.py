@@ -38,8 +38,8 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog="tpu-closure-fix",
         description="Fix the gradient all-reduce order of closure-based optimizer steps on torch_xla (Lightning "
-                    "Trainer, Lite/Fabric, Hugging Face accelerate, plain torch_xla loops) at run time; report "
-                    "and check it.",
+                    "Trainer, Lite/Fabric, Hugging Face accelerate, optimum-neuron on AWS Trainium, plain "
+                    "torch_xla loops) at run time; report and check it.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     status = sub.add_parser("status", help="one line per known call site: release and verdict "

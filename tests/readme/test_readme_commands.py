@@ -2,12 +2,10 @@
 
 The commands are read from the documents' ```bash blocks, not copied here: a command added to a
 document without an expectation below fails the test. Each runs with ``bash -c`` in one fresh venv
-(this machine's Python) whose ``bin`` is first on PATH, as a user's shell would have it. What differs
-from a user's machine, and why:
+(this machine's Python) whose ``bin`` is first on PATH, as a user's shell would have it, in a copy of
+this checkout as a clone has it (no .git, .cache, results or build outputs): the documents install
+from a clone (``pip install .``) until the package is on PyPI. What differs from a user's machine, and why:
 
-* ``tpu-closure-fix`` is not on PyPI here: a wheel built from this checkout is offered to pip through
-  ``PIP_FIND_LINKS`` (pip's own configuration variable), ahead of the machine's own find-links;
-  everything else comes from those and the package index;
 * torch is the one installed first (``torch==2.13.0``, the local CPU build; a TPU image has its own),
   so pip does not pull a multi-GB CUDA build for the demo's Lightning.
 
@@ -16,6 +14,7 @@ part of the second); they are checked by CI running them, not here.
 """
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -29,12 +28,12 @@ TIMEOUT = 1200
 #: command as written -> the exit code the documents promise for it in a venv with nothing but
 #: torch and what the commands before it installed (in document order).
 EXPECTED = {
-    "pip install tpu-closure-fix": 0,
+    "pip install .": 0,
     # no framework installed: nothing to patch, nothing unprotected
     "tpu-closure-fix status": 0,
     # nothing installed to verify: "could not verify" (3), never "protected" or "unprotected"
     "tpu-closure-fix check": 3,
-    'pip install "tpu-closure-fix[demo]"': 0,
+    'pip install ".[demo]"': 0,
     "tpu-closure-fix demo --out demo-out": 0,
 }
 
@@ -64,40 +63,32 @@ def test_every_documented_command_has_an_expectation():
     assert not missing, "documented commands without an expected exit code here: %s" % missing
 
 
-def _machine_find_links():
-    """pip's find-links on this machine: its environment variable, else its configuration."""
-    if os.environ.get("PIP_FIND_LINKS"):
-        return os.environ["PIP_FIND_LINKS"].split()
-    proc = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.find-links"],
-                          capture_output=True, text=True, timeout=TIMEOUT)
-    return proc.stdout.split() if proc.returncode == 0 else []
+#: What a clone does not have: version control, caches, results and build outputs.
+NOT_IN_A_CLONE = shutil.ignore_patterns(".git", ".cache", "results", "__pycache__", "*.egg-info", "build", "dist",
+                                        ".pytest_cache", ".hypothesis")
 
 
 @pytest.fixture(scope="module")
 def user_env(tmp_path_factory):
+    """(environment, clone): a fresh venv with torch first on PATH, and a copy of this checkout."""
     root = tmp_path_factory.mktemp("readme")
-    wheels = root / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), REPO],
-                   check=True, timeout=TIMEOUT)
+    clone = root / "tpu-closure-fix"
+    shutil.copytree(REPO, str(clone), ignore=NOT_IN_A_CLONE)
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=TIMEOUT)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "TPU_CLOSURE_FIX", "VIRTUAL_ENV", "PIP_FIND_LINKS")}
-    # the wheel's folder first, then the machine's own find-links (where the local CPU torch is):
-    # replacing them would have pip download torch's CUDA build (5 GB) from the index instead
-    find_links = " ".join([str(wheels)] + _machine_find_links())
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TPU_CLOSURE_FIX", "VIRTUAL_ENV")}
     env.update(PATH=str(venv / "bin") + os.pathsep + env.get("PATH", ""), VIRTUAL_ENV=str(venv),
-               PIP_FIND_LINKS=find_links, PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONWARNINGS="ignore")
+               PIP_DISABLE_PIP_VERSION_CHECK="1", PYTHONWARNINGS="ignore")
     subprocess.run(["pip", "install", "-q", "torch==2.13.0"], check=True, env=env, timeout=TIMEOUT,
                    cwd=str(root))
-    return env, root
+    return env, clone
 
 
 def test_documented_commands_work_as_written(user_env):
-    env, root = user_env
+    env, clone = user_env
     results = []
     for doc, command in documented_commands():
-        proc = subprocess.run(["bash", "-c", command], env=env, cwd=str(root), capture_output=True, text=True,
+        proc = subprocess.run(["bash", "-c", command], env=env, cwd=str(clone), capture_output=True, text=True,
                               timeout=TIMEOUT)
         results.append((doc, command, proc.returncode, (proc.stdout + proc.stderr)[-1500:]))
     wrong = [r for r in results if r[2] != EXPECTED[r[1]]]
@@ -105,4 +96,4 @@ def test_documented_commands_work_as_written(user_env):
                                                                            tail)
                                   for doc, command, code, tail in wrong)
     # what the demo promises: the picture and the results, in the folder it was given
-    assert (root / "demo-out" / "results.json").is_file()
+    assert (clone / "demo-out" / "results.json").is_file()
