@@ -25,6 +25,7 @@ import importlib
 import sys
 
 from support import probe
+from support.step_hook import after_each_step
 
 
 def standin():
@@ -179,7 +180,7 @@ class LiteFamily(Family):
         precision = self.api().make_precision("lite")
         model = torch.nn.Linear(2, 1)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        optimizer.register_step_post_hook(lambda *args: xm.record("step"))
+        after_each_step(optimizer, lambda: xm.record("step"))
         if kind == "fabric":
             runner = lite.Fabric(accelerator="cpu", devices=1, plugins=[precision])
             model, optimizer = runner.setup(model, optimizer)
@@ -274,7 +275,7 @@ class GuardFamily(Family):
         torch.manual_seed(0)
         model = torch.nn.Linear(2, 1)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        optimizer.register_step_post_hook(lambda *args: xm.record("step"))
+        after_each_step(optimizer, lambda: xm.record("step"))
 
         def closure():
             optimizer.zero_grad()

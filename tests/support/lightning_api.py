@@ -33,6 +33,8 @@ import sys
 
 from packaging.version import Version
 
+from support.step_hook import after_each_step
+
 pl = None        # pytorch_lightning or lightning.pytorch, when installed
 lite = None      # (kind, module) for LightningLite / lightning_lite / lightning_fabric / lightning.fabric
 PL_RELEASE = None
@@ -204,7 +206,7 @@ def _module_class(scenario, harness):
                       else [list(self.parameters())])
             opts = [harness.make_optimizer(scenario["optimizer"], g) for g in groups]
             for opt in opts:
-                opt.register_step_post_hook(lambda *a: xm.record("step"))
+                after_each_step(opt, lambda: xm.record("step"))
             return opts if two else opts[0]
 
     return ScenarioModule
@@ -268,7 +270,7 @@ def _run_accelerator(scenario, rank, world, harness):
               else [params])
     opts = [harness.make_optimizer(scenario["optimizer"], g) for g in groups]
     for opt in opts:
-        opt.register_step_post_hook(lambda *a: xm.record("step"))
+        after_each_step(opt, lambda: xm.record("step"))
     accumulate = scenario.get("accumulate", 1)
     data = harness.batches(rank, scenario["steps"], accumulate)
     trajectory = []
@@ -339,7 +341,7 @@ def run_lite(scenario, rank, world, harness):
         # _ToFloat: a bf16 plugin converts the (bf16-exact) inputs to bfloat16; the fp32 layers take them back.
         model = torch.nn.Sequential(_ToFloat(), layers[0], torch.nn.Tanh(), layers[1])
         opt = harness.make_optimizer(scenario["optimizer"], model.parameters())
-        opt.register_step_post_hook(lambda *a: xm.record("step"))
+        after_each_step(opt, lambda: xm.record("step"))
         model, opt = runner.setup(model, opt)
         for x, y in harness.batches(rank, scenario["steps"], 1, scenario.get("bf16", False)):
             def closure(x=x, y=y):

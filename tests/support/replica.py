@@ -28,6 +28,7 @@ import torch  # noqa: E402
 
 from support import lightning_api as api  # noqa: E402
 from support import xla_standin as xm  # noqa: E402
+from support.step_hook import after_each_step  # noqa: E402
 
 IN_FEATURES = 4
 OUT_FEATURES = 2
@@ -167,7 +168,7 @@ def run_xla_loop(scenario, rank, world):
     layers = make_layers(scenario)
     params = [p for layer in layers for p in layer.parameters()]
     optimizer = make_optimizer(scenario["optimizer"], params)
-    optimizer.register_step_post_hook(lambda *args: xm.record("step"))
+    after_each_step(optimizer, lambda: xm.record("step"))
     trajectory = []
     for x, y in batches(rank, scenario["steps"], 1):
         def closure(x=x, y=y):
