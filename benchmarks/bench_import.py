@@ -1,6 +1,10 @@
 """Cost of the shim on ``import pytorch_lightning`` (pytorch-lightning 1.8.6 target): enabled vs disabled.
 
-``--framework accelerate`` measures ``import accelerate`` (accelerate 1.15.0 target) instead.
+``--framework accelerate`` measures ``import accelerate`` (accelerate 1.15.0 target) instead;
+``--framework optimum-neuron`` measures ``import optimum.neuron.accelerate.optimizer``
+(optimum-neuron 0.4.5 target; it imports optimum.neuron, accelerate, transformers' lazy
+module) with the tests' stand-ins for torch_xla and the Neuron SDK installed first,
+untimed (tests/support/neuron_sdk.py: that module needs the SDK to import).
 
 Each pair starts two interpreters of the base venv (.cache/venv, where the wheel's
 .pth auto-enable is installed) with the framework's target on PYTHONPATH, one with
@@ -37,19 +41,28 @@ FRAMEWORKS = {
                   "pytorch_lightning.plugins.precision.tpu", "TPUPrecisionPlugin", "optimizer_step"),
     "accelerate": ("accelerate==1.15.0", "accelerate-1.15.0", "accelerate", "accelerate.optimizer",
                    "AcceleratedOptimizer", "step"),
+    "optimum-neuron": ("optimum-neuron==0.4.5", "optimum-neuron-0.4.5", "optimum.neuron.accelerate.optimizer",
+                       "optimum.neuron.accelerate.optimizer", "NeuronAcceleratedOptimizer", "step"),
 }
-TARGET = IMPORT = CODE = None
+#: framework -> code run before the timed import (not timed): what the module needs to import at all.
+PREAMBLES = {
+    "optimum-neuron": "import sys; sys.path.insert(0, %r); from support import neuron_sdk; neuron_sdk.install(1, 0); "
+                      % os.path.join(REPO, "tests"),
+}
+TARGET = IMPORT = CODE = PREAMBLE = None
 
 
 def select(framework):
     """Point TARGET / IMPORT / CODE / SHARE_CODE at ``framework`` (see FRAMEWORKS)."""
-    global TARGET, IMPORT, CODE, SHARE_CODE
+    global TARGET, IMPORT, CODE, SHARE_CODE, PREAMBLE
     _, folder, IMPORT, module, cls, method = FRAMEWORKS[framework]
     TARGET = os.path.join(REPO, ".cache", "targets", folder)
-    CODE = ("import time, warnings; warnings.simplefilter('ignore'); t = time.perf_counter(); import %s; "
-            "t = time.perf_counter() - t; import sys; m = sys.modules.get(%r); "
+    PREAMBLE = PREAMBLES.get(framework, "")
+    CODE = ("import time, warnings; warnings.simplefilter('ignore'); " + PREAMBLE + "t = time.perf_counter(); "
+            "import %s; t = time.perf_counter() - t; import sys; m = sys.modules.get(%r); "
             "print(t, type(vars(m.%s)[%r]).__name__)" % (IMPORT, module, cls, method))
-    SHARE_CODE = _SHARE_TEMPLATE.replace("import pytorch_lightning", "import " + IMPORT)
+    SHARE_CODE = _SHARE_TEMPLATE.replace("import pytorch_lightning", "import " + IMPORT).replace(
+        "warnings.simplefilter(\"ignore\")\n", "warnings.simplefilter(\"ignore\")\n" + PREAMBLE + "\n", 1)
 
 
 _SHARE_TEMPLATE = r"""
@@ -116,7 +129,7 @@ def modules_when_disabled(python):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env["PYTHONPATH"] = TARGET
     env["TPU_CLOSURE_FIX"] = "0"
-    code = "import json, sys, warnings; warnings.simplefilter('ignore'); import %s; " \
+    code = "import json, sys, warnings; warnings.simplefilter('ignore'); " + PREAMBLE + "import %s; " \
            "print(json.dumps(sorted(sys.modules)))" % IMPORT
     out = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     return set(json.loads(out.strip().splitlines()[-1]))

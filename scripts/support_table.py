@@ -138,6 +138,24 @@ def evidence(site, name, target):
     return text
 
 
+def unlisted(targets):
+    """Affected code no row patches, asked of each integration (``verify.py``: ``unlisted_rows``): a release
+    line the torch_xla guard protects, or code that cannot be verified here. Dicts with the table's cells."""
+    import importlib
+
+    from tpu_closure_fix import integrations
+
+    out = []
+    for name in integrations.NAMES:
+        try:
+            verify = importlib.import_module("tpu_closure_fix.integrations.%s.verify" % name)
+        except ImportError:
+            continue
+        rows = getattr(verify, "unlisted_rows", None)
+        out.extend(rows(targets) if rows is not None else [])
+    return out
+
+
 def build_table(results):
     from tpu_closure_fix.sites import CALL_SITES
 
@@ -159,12 +177,17 @@ def build_table(results):
             strategy_of(site),
             "<br>".join(checks) if checks else "not in the matrix",
         ))
+    for row in unlisted(targets):
+        lines.append("| %s | %s `%s` | `%s` | %s | %s | %s |" % (
+            row["integration"], row["package"], row["releases"], row["call_site"], row["verdict"], row["fix"],
+            "<br>".join(row["evidence"]) if row["evidence"] else "not in the matrix"))
     if targets:
         passed = sum(1 for t in targets.values() if t.get("verdict") == "pass")
         lines.append("")
         lines.append("Release matrix: %d/%d targets pass (torch %s, Python %s, %s). Scenarios: 2 gloo replicas, "
-                     "the frameworks' real loops, only torch_xla replaced; see tests/target/test_replicas.py "
-                     "(Lightning) and tests/target/test_accelerate.py (accelerate)."
+                     "the frameworks' real loops, only torch_xla (and the Neuron SDK) replaced; see "
+                     "tests/target/test_replicas.py (Lightning), tests/target/test_accelerate.py (accelerate) and "
+                     "tests/target/test_optimum_neuron.py (optimum-neuron)."
                      % (passed, len(targets), results.get("torch"), results.get("python"),
                         (results.get("generated") or "")[:10]))
     else:
@@ -220,6 +243,12 @@ def build_summary(results):
         passed = sum(1 for name in names if targets[name].get("verdict") == "pass")
         releases = ">= %s" % lower + (", < %s" % upper if upper else "")
         lines.append("| %s | `%s` | %s | %s | %s |" % (integration, package, releases, verdict,
+                                                      "%d/%d" % (passed, len(names)) if names else "-"))
+    for row in unlisted(targets):
+        names = row["targets"]
+        passed = sum(1 for name in names if targets[name].get("verdict") == "pass")
+        lines.append("| %s | `%s` | %s | %s | %s |" % (row["integration"], row["package"], row["summary_releases"],
+                                                      row["summary_verdict"],
                                                       "%d/%d" % (passed, len(names)) if names else "-"))
     return "\n".join(lines)
 

@@ -33,10 +33,12 @@ so no scenario silently depends on it.
 
 ``optimum.neuron.accelerate``'s package ``__init__`` imports
 ``NeuronAccelerator``, which needs the whole SDK (compiler, pipeline
-parallelism, model classes); :func:`load_optimizer_module` therefore registers
-that package without running its ``__init__`` (its ``__path__`` is the
-installed folder) and imports ``optimum.neuron.accelerate.optimizer`` -- the
-released file, through the normal import system, so post-import hooks fire.
+parallelism, model classes); :func:`install` therefore also puts a finder in
+front of ``sys.meta_path`` that imports that one package without running its
+``__init__`` (its ``__path__`` is the installed folder). ``import
+optimum.neuron.accelerate.optimizer`` then runs as on a Trainium host:
+``optimum.neuron`` first, then the released optimizer file, through the normal
+import system, so the start-up watcher and post-import hooks see every step.
 
 Events (in :mod:`support.xla_standin`'s log): ``("bucket_allreduce",
 {"tensors": n, "group": "data_parallel" | "expert_parallel"})`` per call,
@@ -252,20 +254,39 @@ def install(world_size, ordinal):
     optimizer.NeuronZero1Optimizer = _unsimulated_class("neuronx_distributed.optimizer.NeuronZero1Optimizer")
     if _ImportOnlyFinder not in sys.meta_path:
         sys.meta_path.append(_ImportOnlyFinder)
+    if _AcceleratePackageFinder not in sys.meta_path:
+        sys.meta_path.insert(0, _AcceleratePackageFinder)
     return xm
 
 
-def load_optimizer_module():
-    """Import the released ``optimum.neuron.accelerate.optimizer`` without its package's ``__init__``."""
-    import optimum.neuron  # noqa: F401  (the real package: a lazy module, and its version module)
+class _AcceleratePackageFinder(object):
+    """Finds ``optimum.neuron.accelerate`` -- the installed folder -- as a package whose ``__init__`` is
+    not run. Everything around it imports as usual: ``optimum.neuron`` (the real package, first, where
+    the start-up watcher sees it) before, the released ``optimizer`` module after."""
 
-    name = "optimum.neuron.accelerate"
-    if name not in sys.modules:
-        folder = os.path.join(os.path.dirname(sys.modules["optimum.neuron.version"].__file__), "accelerate")
-        package = types.ModuleType(name)
-        package.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-        package.__spec__.submodule_search_locations = [folder]
-        package.__path__ = [folder]
-        package.__package__ = name
-        sys.modules[name] = package
-    return importlib.import_module(name + ".optimizer")
+    NAME = "optimum.neuron.accelerate"
+
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if fullname != cls.NAME:
+            return None
+        folder = next((os.path.join(entry, "accelerate") for entry in path or ()
+                       if os.path.isdir(os.path.join(entry, "accelerate"))), None)
+        if folder is None:
+            return None
+        spec = importlib.machinery.ModuleSpec(fullname, cls, is_package=True)
+        spec.submodule_search_locations = [folder]
+        return spec
+
+    @staticmethod
+    def create_module(spec):
+        return None  # the default module object
+
+    @staticmethod
+    def exec_module(module):
+        return None  # the package __init__ (NeuronAccelerator, the whole SDK) is not run
+
+
+def load_optimizer_module():
+    """Import the released ``optimum.neuron.accelerate.optimizer`` (after :func:`install`)."""
+    return importlib.import_module("optimum.neuron.accelerate.optimizer")

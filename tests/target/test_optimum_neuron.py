@@ -267,3 +267,47 @@ def test_status_without_shim_reports_unprotected_and_fails():
     proc, record = _status(False)
     assert record["verdict"] == EXPECTED_VERDICTS[1]
     assert proc.returncode == 1
+
+
+# --------------------------------------------------------------------------- self-test driver
+_DRIVER_CHILD = r"""
+import json, sys, types, warnings
+warnings.simplefilter("ignore")
+import torch
+from support import neuron_sdk
+xm = neuron_sdk.install(1, 0)
+import tpu_closure_fix
+from tpu_closure_fix import engine
+from tpu_closure_fix.integrations.optimum_neuron import verify
+module = neuron_sdk.load_optimizer_module()
+finding = engine.examine(("optimum.neuron.accelerate.optimizer", "NeuronAcceleratedOptimizer.step"))
+events = []
+target = types.SimpleNamespace(row=finding.site, module=module, owner=module.NeuronAcceleratedOptimizer,
+                               attribute="step", function=vars(module.NeuronAcceleratedOptimizer)["step"])
+verify.event_step(target, torch, xm, events)
+print(json.dumps({"verdict": finding.verdict, "events": events}))
+"""
+
+
+def _driver_events(shim):
+    proc = subprocess.run([sys.executable, "-c", _DRIVER_CHILD], env=child_env(shim), cwd=TESTS,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@defined_where(not GUARDED)
+def test_self_test_driver_sees_the_fixed_order_with_the_shim():
+    """integrations/optimum_neuron/verify.event_step (what ``check`` runs) drives the row's step: closure,
+    then the data-parallel reduction, then the step."""
+    result = _driver_events(True)
+    assert result["verdict"] == "patched"
+    assert result["events"] == ["forward", "backward", "reduce_gradients", "step"]
+
+
+@defined_where(not GUARDED)
+def test_self_test_driver_sees_the_bug_without_the_shim():
+    """The twin: the release reduces before the closure has produced any gradient."""
+    result = _driver_events(False)
+    assert result["verdict"] == "disabled"
+    assert result["events"] == ["reduce_gradients(no grads)", "forward", "backward", "step"]

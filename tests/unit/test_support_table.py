@@ -103,3 +103,41 @@ def test_a_row_of_an_installed_package_takes_no_scenarios_from_a_target_without_
     table = script.build_table(_with_guard_scenarios())
     older = _line(table, "lightning_fabric.plugins.precision.tpu:TPUPrecision.")  # the target carries the package, not this row
     assert older.endswith("| not in the matrix |")
+
+
+def _with_neuron_0_0_28(verdict):
+    results = _results()
+    results["targets"]["optimum-neuron==0.0.28"] = {
+        "verdict": "pass", "wrapt": "2.5.2", "lightning": None,
+        "status": [{"module": "optimum.neuron.accelerate.optimizer", "method": "NeuronAcceleratedOptimizer.step",
+                    "release": "0.0.28", "verdict": verdict, "variant": None}],
+        "scenarios_run": ["optimum-neuron-sgd", "optimum-neuron-no-closure"],
+        "scenarios": {"optimum-neuron-sgd": _scenario(without=0.5),
+                      "optimum-neuron-no-closure": _scenario(bug_can_occur=False, without=0.0)},
+    }
+    results["order"].append("optimum-neuron==0.0.28")
+    return results
+
+
+def test_the_guarded_optimum_neuron_line_is_credited_where_status_says_guarded():
+    script = _script()
+    line = _line(script.build_table(_with_neuron_0_0_28("guarded")), "optimum.neuron `>=0.0.24,<0.1.0`")
+    assert "guarded (no row)" in line
+    assert ("`optimum-neuron==0.0.28`: status `guarded`; sgd, no-closure = reference bitwise; without shim diverge "
+            "(max 0.5)") in line
+    summary = _line(script.build_summary(_with_neuron_0_0_28("guarded")), ">= 0.0.24, <= 0.0.28")
+    assert summary.endswith("| 1/1 |")
+
+
+def test_the_guarded_optimum_neuron_line_takes_no_target_whose_status_is_not_guarded():
+    """The twin: the same target reporting 'skipped' (the guard not in place) verifies nothing."""
+    script = _script()
+    line = _line(script.build_table(_with_neuron_0_0_28("skipped")), "optimum.neuron `>=0.0.24,<0.1.0`")
+    assert line.endswith("| not in the matrix |")
+    assert _line(script.build_summary(_with_neuron_0_0_28("skipped")), ">= 0.0.24, <= 0.0.28").endswith("| - |")
+
+
+def test_neuronx_distributed_optimizer_is_listed_as_affected_not_verifiable():
+    script = _script()
+    line = _line(script.build_table(_results()), "NxDOptimizer.step")
+    assert "**affected, not verifiable here**" in line and "SyncCheck" in line
