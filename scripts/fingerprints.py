@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Code fingerprints of the call-site table's methods, per variant and release.
 
-For every row of ``tpu_closure_fix.sites.CALL_SITES`` that has a ``fix``, this
+For every row of ``tpu_closure_fix.sites.CALL_SITES`` with code of its own (a ``fix``, or an
+upstream-fixed row: a release past the verified ones is "fixed upstream" only when identical), this
 measures the fingerprint (:mod:`tpu_closure_fix.identity`) of the method the row
 patches, in each release it can see:
 
@@ -157,7 +158,8 @@ def _defined_function(module, qualname):
 
 
 def table_rows():
-    """Rows with a fix, as plain dicts, from the repository's call-site table."""
+    """Rows with code of their own (a fix, or the upstream fix), as plain dicts, from the repository's
+    call-site table (inheriting rows have no code of their own)."""
     os.environ["TPU_CLOSURE_FIX"] = "0"  # reading the table must not arm the shim in this process
     if REPO not in sys.path:
         sys.path.insert(0, REPO)
@@ -165,7 +167,7 @@ def table_rows():
 
     rows = []
     for site in sites.CALL_SITES:
-        if site.fix is None or getattr(site, "inherits", None):
+        if getattr(site, "inherits", None):
             continue
         rows.append({"variant": site.variant, "package": site.package, "module": site.module,
                      "qualname": site.qualname, "releases": site.releases,

@@ -145,10 +145,13 @@ def examine(key, module=None):
 
     ``target`` is (owner, attr, original_function) when the verdict is PATCHABLE.
     Every verdict is read from the live objects: PATCHED means the attribute the
-    owner resolves is this package's wrapper.
+    owner resolves is this package's wrapper. The rules are :func:`_decide`'s, in
+    order, then the last one here.
     """
-    finding = _examine(key, module)
-    if finding.verdict in (SKIPPED, FAILED):  # the release's own code is in place: is its call guarded?
+    finding = _decide(key, module)
+    # Rule 14 (last). A site whose own (buggy) code runs -- skipped, or its fix failed -- is GUARDED
+    # when its call of xm.optimizer_step resolves, now, to the patched torch_xla guard.
+    if finding.verdict in (SKIPPED, FAILED):
         guard = _covering_guard(key, module)
         if guard:
             reason = finding.reason if finding.verdict == SKIPPED else "its fix failed: %s" % finding.reason
@@ -157,54 +160,67 @@ def examine(key, module=None):
     return finding
 
 
-def _examine(key, module=None):
+def _decide(key, module=None):
+    """The site's own verdict: the first rule that applies, read top to bottom (docs/ARCHITECTURE.md
+    lists the same rules). Rule 14, the guard, is :func:`examine`'s."""
     module_name, qualname = key
     rows = _sites.rows_for(module_name, qualname)
+    # 1. No row names the site: nothing is known about its code.
     if not rows:
         return Finding(SKIPPED, "no row for %s:%s in the call-site table" % key, None, None, None)
-    if module is None:
-        module = sys.modules.get(module_name)
+    # 2. Its module is not imported: nothing runs yet.
+    module = module if module is not None else sys.modules.get(module_name)
     if module is None:
         return Finding(NOT_IMPORTED, "", None, None, None)
+    # 3. The loaded package's release cannot be read: never guessed.
     package = rows[0].package
     release = loaded_release(package)
     if release is None:
         return Finding(SKIPPED, "cannot read the release of %s (no __version__)" % package.split(".")[0],
                        None, None, None)
-    owner = _owner(module, qualname)
-    attr = split_qualname(qualname)[1]
-    site = next((row for row in rows if in_range(release, row.releases)), None)
-    if isinstance(owner, str):  # the class is missing
-        if site is None:
-            return _unknown_release(rows, package, release, None, attr)
-        return Finding(SKIPPED, owner, site, release, None)
-    note = ""
-    if site is None and not _package_knows(package, release):  # a release no row of its package names
+    owner, attr = _owner(module, qualname), split_qualname(qualname)[1]
+    site, note = next((row for row in rows if in_range(release, row.releases)), None), ""
+    if site is None and not _package_knows(package, release):
+        # 4. A release no row of the package names, for an inheriting site: PATCHED when the method the
+        #    class resolves is our wrapper (the base was judged by its own rules).
         if all(row.inherits for row in rows):
-            resolved = _resolved(owner, attr)
+            resolved = _resolved(owner, attr) if not isinstance(owner, str) else None
             if resolved is not None and is_ours(resolved[1]):
                 return Finding(PATCHED, "via %s.%s.%s (%s not in the table)" % (
                     resolved[0].__module__, resolved[0].__name__, attr, release), rows[-1], release, None)
-        else:
+        # 5. A release no row names whose code is identical (identity.py: fingerprint and decorators) to
+        #    a verified release of a row: that row applies, fix or upstream fix alike.
+        elif not isinstance(owner, str):
             site, note = _same_code_row(rows, owner, attr, release)
+    # 6. Still no row: not in this release (another site of the package knows it and this code has no
+    #    buggy call), else unknown release: not verified, left untouched.
     if site is None:
-        return _unknown_release(rows, package, release, owner, attr)
+        return _unknown_release(rows, package, release, None if isinstance(owner, str) else owner, attr)
+    # 7. The row's class is missing from the module.
+    if isinstance(owner, str):
+        return Finding(SKIPPED, owner, site, release, None)
+    # 8. An inheriting row: judged by the method the class resolves, with its base row's rules.
     if site.inherits:
         return _examine_inherited(site, release, owner, attr)
     current = _defined(owner, attr)
+    # 9. The class does not define the method itself.
     if current is None:
         return Finding(SKIPPED, "%s defines no %s" % (getattr(owner, "__name__", owner), attr), site, release, None)
+    # 10. Our wrapper is the attribute: PATCHED, or DISABLED (a pass-through) when switched off.
     if is_ours(current):
         if not _state.switch.on:
             return _passing_through(site, release)
         return Finding(PATCHED, _state.notes.get(key, note), site, release, None)
     shape = site.shape.check(current)
+    # 11. A row of upstream-fixed code: FIXED UPSTREAM only when the code has the fix's shape.
     if site.fix is None:
         if shape.ok:
-            return Finding(FIXED_UPSTREAM, "", site, release, None)
+            return Finding(FIXED_UPSTREAM, note, site, release, None)
         return Finding(SKIPPED, "expected the upstream fix, but %s" % shape.reason, site, release, None)
+    # 12. Code that is not the row's buggy shape is never patched.
     if not shape.ok:
         return Finding(SKIPPED, "unexpected code shape: %s; left untouched" % shape.reason, site, release, None)
+    # 13. The fix could not be prepared (FAILED), the shim is off (DISABLED), else the site is PATCHABLE.
     if key in _state.failures:
         return Finding(FAILED, _state.failures[key], site, release, None)
     if not _state.enabled:
@@ -232,19 +248,23 @@ def _resolved(cls, attr):
 
 
 def _same_code_row(rows, owner, attr, release):
-    """(row, note) for a release no row names whose code is identical to a row's known release.
+    """(row, note) for a release no row names whose code is identical to a row's verified release.
 
-    Only rows with a fix and recorded fingerprints take part. Returns (None, "")
-    when nothing is identical, or when the code has no source to compare.
+    Rows with recorded fingerprints take part: a fix's rows (the same buggy code, patched with
+    that fix) and upstream-fixed rows (the same fixed code). Identical means an equal fingerprint
+    and every decorator bound as in the known release (:func:`identity.decorators_known`).
+    Returns (None, "") when nothing is identical, or when the code has no source to compare.
     """
-    candidates = [row for row in rows if row.fix is not None and row.fingerprints]
+    candidates = [row for row in rows if row.fingerprints and not row.inherits]
     current = _defined(owner, attr)
+    if is_ours(current):  # judged by the code we wrapped: the object the class held before the patch
+        current = getattr(current, "__wrapped__", None)
     if not candidates or current is None:
         return None, ""
     from . import identity
 
     fingerprint = identity.fingerprint(current)
-    if fingerprint is None:
+    if fingerprint is None or not identity.decorators_known(current):
         return None, ""
     for row in reversed(candidates):
         for known_release, known in row.fingerprints:
@@ -262,7 +282,8 @@ def _unknown_release(rows, package, release, owner, attr):
         return Finding(SKIPPED, "unknown release %s for this site (known: %s), whose code still has the "
                                 "buggy call; left untouched"
                        % (release, ", ".join(row.releases for row in rows)), None, release, None)
-    return Finding(SKIPPED, "unknown release %s of %s (known: %s); left untouched"
+    return Finding(SKIPPED, "unknown release %s of %s: not verified (known: %s; its code is not identical to "
+                            "a verified release); left untouched"
                    % (release, package, _describe_ranges(package)), None, release, None)
 
 
@@ -297,7 +318,7 @@ def _examine_inherited(site, release, cls, attr):
         if not _state.switch.on:
             return _passing_through(site, release)
         return Finding(PATCHED, reason, site, release, None)
-    base = _examine((owner.__module__, base_qualname))
+    base = _decide((owner.__module__, base_qualname))
     if base.verdict in (PATCHABLE, PATCHED) and base.site is not None and base.site.shape.check(function).ok:
         return Finding(PATCHABLE, reason, base.site, release, (owner, attr, function))
     if base.verdict in (PATCHABLE, PATCHED):
@@ -308,12 +329,32 @@ def _examine_inherited(site, release, cls, attr):
 
 
 def _covering_guard(key, module):
-    """Name of an integration whose patched guard the site's buggy call goes through, or None.
+    """Name of an integration whose patched guard the site's buggy call reaches, or None.
 
-    An integration with a ``covers(function)`` predicate (the torch_xla guard:
-    "this code passes its closure to ``xm.optimizer_step``") protects a skipped
-    site when every one of its own sites is PATCHED, read from the live objects.
+    An integration with a ``covers(function, guards)`` predicate (the torch_xla guard) protects a
+    skipped or failed site when every one of its own sites is PATCHED (read from the live objects)
+    and the site's call resolves, now, to those patched objects (:mod:`tpu_closure_fix.calls`).
     """
+    function = _site_function(key, module)
+    if function is None or is_ours(function):
+        return None
+    for integration in _integrations.load():
+        covers = getattr(integration, "covers", None)
+        if covers is None or any(row.module == key[0] for row in integration.CALL_SITES):
+            continue
+        guards = _patched_guards(integration)
+        if not guards:
+            continue
+        try:
+            if covers(function, guards):
+                return integration.NAME
+        except Exception:
+            continue
+    return None
+
+
+def _site_function(key, module):
+    """The function a site's owner resolves now (its own or inherited), or None."""
     module_name, qualname = key
     module = module if module is not None else sys.modules.get(module_name)
     if module is None:
@@ -325,25 +366,27 @@ def _covering_guard(key, module):
     function = _defined(owner, attr)
     if function is None and class_name is not None:
         function = next((vars(k)[attr] for k in owner.__mro__ if attr in vars(k)), None)
-    if function is None or is_ours(function):
-        return None
-    for integration in _integrations.load():
-        covers = getattr(integration, "covers", None)
-        if covers is None or any(row.module == module_name for row in integration.CALL_SITES):
-            continue
-        try:
-            if not covers(function):
-                continue
-        except Exception:
-            continue
-        keys = {_sites.site_key(row) for row in integration.CALL_SITES}
-        if keys and all(_examine(guard_key).verdict == PATCHED for guard_key in keys):
-            return integration.NAME
-    return None
+    return function
+
+
+def _patched_guards(integration):
+    """{attribute name: the live patched object} of every site of ``integration``; {} unless all are PATCHED."""
+    guards = {}
+    for row in integration.CALL_SITES:
+        key = _sites.site_key(row)
+        if _decide(key).verdict != PATCHED:
+            return {}
+        module = sys.modules.get(key[0])
+        owner = _owner(module, key[1]) if module is not None else None
+        if owner is None or isinstance(owner, str):
+            return {}
+        attr = split_qualname(key[1])[1]
+        guards[attr] = _defined(owner, attr)
+    return guards
 
 
 def _patch_site(key, module):
-    finding = _examine(key, module)
+    finding = _decide(key, module)
     if finding.verdict == SKIPPED and finding.site is not None and finding.site.inherits \
             and not _base_patched(finding.site):
         # An inheriting subclass (bf16) of a base site that is itself skipped/failed/absent: the base's
@@ -363,7 +406,7 @@ def _patch_site(key, module):
     except FixUnavailable as exc:
         _state.failures[key] = "fix unavailable: %s" % exc
         _warn_once(key, "tpu-closure-fix: %s:%s not patched: %s" % (key[0], key[1], exc))
-        return _examine(key, module)
+        return _decide(key, module)
     if isinstance(owner, types.ModuleType):
         wrapper = module_function_wrapper(original, wrapper_function)  # never bound: a plain function is cheaper
     else:

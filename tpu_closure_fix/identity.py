@@ -37,7 +37,11 @@ Decorators are kept, deliberately. A decorator runs when the class is built and
 can replace the method by something else; a fix written for the undecorated code
 would then bypass it. A release that adds a no-op marker such as ``@override``
 therefore gets a new fingerprint: the cost is only a "code differs" answer,
-never a wrong "identical". The function's own name is kept too, so a fingerprint
+never a wrong "identical". Text alone cannot tell what a decorator name is bound
+to, so identity (as the engine uses it) also requires :func:`decorators_known`:
+each decorator resolves, at run time, to a known no-op (``typing_extensions.override``,
+``typing.override``) or to ``staticmethod``/``classmethod``; a name bound to a
+wrapping decorator makes the code "not identical". The function's own name is kept too, so a fingerprint
 identifies one definition and is never shared by two methods with equal bodies.
 
 Guarantees and limits:
@@ -51,6 +55,9 @@ Guarantees and limits:
   referenced names do not match the loaded code object (the file changed on
   disk after import, or an import hook rewrote the code, as pytest does with
   ``assert``).
+* Soft keywords (``match``, ``case``, ``type``, the ``_`` wildcard) acting as
+  keywords are told from names with ``ast``, so ``case (1,):`` and ``case (1):``
+  differ.
 * Equal fingerprints mean equal token streams after the rules above (up to a
   64-bit hash collision). Formatting changes those rules do not cover give a
   different fingerprint: redundant parentheses elsewhere than listed, a
@@ -98,8 +105,8 @@ _STRING_PREFIX = re.compile(r"^([A-Za-z]*)('''|\"\"\"|'|\")")
 
 
 class _Token(namedtuple("_Token", "kind text")):
-    """One normalized token. ``kind``: N name, O operator, D number, S plain string
-    (``text`` is its value), F f-string (``text`` = (prefix, body))."""
+    """One normalized token. ``kind``: N name, K soft keyword acting as a keyword, O operator,
+    D number, S plain string (``text`` is its value), F f-string (``text`` = (prefix, body))."""
 
     def serialized(self):
         if self.kind == "S":
@@ -141,6 +148,112 @@ def examine(function):
     if mismatch:
         return Fingerprint(None, "source on disk does not match the loaded code (%s)" % mismatch)
     return Fingerprint(_hash(lines), "")
+
+
+#: Decorators known to leave a definition's behaviour as written: (module, name) of the object the
+#: decorator expression must resolve to. ``override`` only sets ``__override__`` and returns the
+#: function; ``staticmethod``/``classmethod`` are spelled in the fingerprinted text, so code with
+#: them matches only a known release that had them.
+KNOWN_DECORATORS = (("typing_extensions", "override"), ("typing", "override"),
+                    ("builtins", "staticmethod"), ("builtins", "classmethod"))
+
+
+def decorators_known(function):
+    """True when every decorator of ``function``'s definition resolves, now, to an object of
+    :data:`KNOWN_DECORATORS` and the attribute holds exactly what those decorators return.
+
+    A fingerprint is computed from text: ``@override`` bound to a wrapping decorator has the same
+    text as the no-op. So identity also needs each decorator expression (a name or a dotted name;
+    anything else, a call included, is not known) looked up where the definition runs -- the
+    class body's namespace, then the module globals, then builtins -- to be one of the known
+    objects, and the attribute to be the plain function (or a static/class method around it).
+    Limits: a name rebound after the class was built is judged by its binding now.
+    """
+    import types
+
+    inner = getattr(function, "__func__", function) if isinstance(function, (staticmethod, classmethod)) \
+        else function
+    if type(inner) is not types.FunctionType or getattr(inner, "__wrapped__", None) is not None:
+        return False
+    source = _source_text(inner)
+    if source is None:
+        return False
+    try:
+        expressions = _decorator_expressions(source)
+    except (SyntaxError, ValueError):
+        return False
+    names = [_dotted(expression) for expression in expressions]
+    if any(name is None for name in names):
+        return False
+    known = _known_decorator_objects()
+    resolved = [_lookup(inner, name) for name in names]
+    if not all(any(obj is candidate for candidate in known) for obj in resolved):
+        return False
+    # What the decorators return must be what the class holds: the function itself under
+    # ``override``, a static/class method object under exactly one of those.
+    wrapping = [obj for obj in resolved if obj is staticmethod or obj is classmethod]
+    if len(wrapping) > 1:
+        return False
+    return type(function) is (wrapping[0] if wrapping else types.FunctionType)
+
+
+def _decorator_expressions(source):
+    import ast
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(source))
+    definition = tree.body[0]
+    if not isinstance(definition, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        raise ValueError("not a function definition")
+    return definition.decorator_list
+
+
+def _dotted(expression):
+    """("a", "b", "c") for the expression ``a.b.c``; None for anything else."""
+    import ast
+
+    parts = []
+    while isinstance(expression, ast.Attribute):
+        parts.append(expression.attr)
+        expression = expression.value
+    if not isinstance(expression, ast.Name):
+        return None
+    return tuple([expression.id] + parts[::-1])
+
+
+def _known_decorator_objects():
+    import sys
+
+    found = []
+    for module_name, name in KNOWN_DECORATORS:
+        module = sys.modules.get(module_name)
+        if module is not None and hasattr(module, name):
+            found.append(getattr(module, name))
+    return found
+
+
+def _lookup(function, dotted):
+    """The object ``dotted`` names where ``function`` was defined (class bodies on its qualname, then
+    globals, then builtins); attributes only through modules. None when it cannot be read."""
+    import builtins
+    import types
+
+    first, namespaces = dotted[0], []
+    scope = function.__globals__
+    for part in function.__qualname__.split(".")[:-1]:  # the enclosing classes, outermost first
+        if part == "<locals>":
+            return None  # a class defined in a function: its body's names are gone
+        scope = vars(scope).get(part) if isinstance(scope, type) else scope.get(part)
+        if not isinstance(scope, type):
+            return None
+        namespaces.insert(0, vars(scope))
+    namespaces += [function.__globals__, vars(builtins)]
+    value = next((namespace[first] for namespace in namespaces if first in namespace), None)
+    for attribute in dotted[1:]:
+        if not isinstance(value, types.ModuleType):
+            return None
+        value = vars(value).get(attribute)
+    return value
 
 
 def fingerprint_source(source):
@@ -356,6 +469,7 @@ def _raw_tokens(source):
         out.append(token)
 
     nesting, fstring_from = 0, None
+    soft, pattern_starts = _soft_keyword_positions(source)
     try:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
             if tok.type in fstring_start:
@@ -379,10 +493,48 @@ def _raw_tokens(source):
             else:
                 if not state["started"]:
                     state["started"], state["depth"] = True, 0
-                emit(_token(tok, tokenize))
+                if tok.start in pattern_starts and isinstance(out[-1], _Token) and _is(out[-1], "N", "case"):
+                    out[-1] = _Token("K", "case")  # the token before a case pattern is the soft keyword
+                emit(_Token("K", tok.string) if tok.start in soft else _token(tok, tokenize))
     except (tokenize.TokenError, SyntaxError) as exc:  # IndentationError is a SyntaxError
         raise ValueError("does not tokenize: %s" % (exc,))
     return _merge_strings(out)
+
+
+#: Soft keywords (``match``, ``case``, ``type``, the ``_`` wildcard) are names to the tokenizer; where
+#: they act as keywords they become "K" tokens, so ``case (1,):`` (a 1-tuple pattern) and ``case (1):``
+#: are never made equal by the rules for names (a trailing comma after a name's bracket is noise).
+_SOFT_KEYWORDS = ("match", "case", "type", "_")
+
+
+def _soft_keyword_positions(source):
+    """((row, col) of soft keywords acting as keywords, (row, col) where case patterns start), read
+    with ``ast`` (tokens alone cannot tell ``match[x]: int`` from ``match [x]:``). Source that names no
+    soft keyword needs no parse. Raises ValueError when one is named and the text does not parse."""
+    import ast
+    import re
+    import textwrap
+
+    if not re.search(r"\b(match|case|type|_)\b", source):
+        return frozenset(), frozenset()
+    dedented = textwrap.dedent(source)
+    margins = {len(line) - len(dedented_line) for line, dedented_line
+               in zip(source.splitlines(), dedented.splitlines()) if dedented_line.strip()}
+    margin = margins.pop() if len(margins) == 1 else 0
+    try:
+        tree = ast.parse(dedented)
+    except SyntaxError as exc:
+        raise ValueError("does not parse: %s" % (exc,))
+    soft, patterns = set(), set()
+    for node in ast.walk(tree):
+        kind = type(node).__name__
+        if kind in ("Match", "TypeAlias"):
+            soft.add((node.lineno, node.col_offset + margin))
+        elif kind == "match_case":
+            patterns.add((node.pattern.lineno, node.pattern.col_offset + margin))
+        elif kind == "MatchAs" and node.pattern is None and node.name is None:
+            soft.add((node.lineno, node.col_offset + margin))  # the wildcard "_"
+    return frozenset(soft), frozenset(patterns)
 
 
 def _slice(text_lines, start, end):
@@ -507,7 +659,8 @@ def _depth_change(token):
 def _block_colon(tokens):
     """Index of the ``:`` ending a compound statement's header, or None."""
     first = 1 if tokens[0].kind == "N" and tokens[0].text == "async" and len(tokens) > 1 else 0
-    if tokens[first].kind != "N" or tokens[first].text not in _COMPOUND:
+    head = tokens[first]
+    if not (_is(head, "N", *_COMPOUND) or _is(head, "K", "match", "case")):
         return None
     depth, lambdas = 0, 0
     for index, token in enumerate(tokens):

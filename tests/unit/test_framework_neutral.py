@@ -115,3 +115,23 @@ def test_core_module_names_no_lightning_module_or_class(path):
         hits = framework_names(handle.read())
     assert not hits, "%s names Lightning outside tpu_closure_fix/integrations/: %s" % (
         path, ", ".join("line %d: %s" % hit for hit in hits))
+
+
+def test_the_verdict_rules_are_one_list_in_the_engine_and_the_docs():
+    """engine._decide numbers its rules 1-13 in order and examine() holds rule 14; docs/ARCHITECTURE.md and
+    docs/verification.md list the same 14 rules."""
+    import inspect
+    import re
+
+    from tpu_closure_fix import engine
+
+    numbers = [int(n) for n in re.findall(r"^\s*# (\d+)\. ", inspect.getsource(engine._decide), re.M)]
+    assert numbers == list(range(1, 14)), numbers
+    assert re.search(r"# Rule 14 \(last\)", inspect.getsource(engine.examine))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for name in ("ARCHITECTURE.md", "verification.md"):
+        with open(os.path.join(repo, "docs", name)) as handle:
+            text = handle.read()
+        listed = [int(n) for n in re.findall(r"^(\d+)\. ", text.split("rule list" if name == "verification.md"
+                                                                        else "the rules, in order")[1], re.M)]
+        assert listed[:14] == list(range(1, 15)), (name, listed)

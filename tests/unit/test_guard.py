@@ -340,12 +340,30 @@ class _Shapes(object):
         return xm.optimizer_step(optimizer, optimizer_args={})
 
 
+def _as_torch_xla(module):
+    """``module`` where ``import torch_xla.core.xla_model`` finds it (package objects included)."""
+    import types
+
+    top, core = types.ModuleType("torch_xla"), types.ModuleType("torch_xla.core")
+    top.core, core.xla_model = core, module
+    return mock.patch.dict(sys.modules, {"torch_xla": top, "torch_xla.core": core, "torch_xla.core.xla_model": module})
+
+
 @pytest.mark.parametrize("name, covered", [("trainer_1_8", True), ("fabric_2_6", True),
                                            ("no_optimizer_args", False), ("nothing_to_hand_over", False)])
-def test_guard_covers_code_that_can_pass_a_closure_to_optimizer_step(name, covered):
-    assert guard_integration.covers(getattr(_Shapes, name)) is covered
+def test_guard_covers_code_that_can_pass_a_closure_to_optimizer_step(xla, name, covered):
+    with _as_torch_xla(xla.module):
+        assert guard_integration.covers(getattr(_Shapes, name), {"optimizer_step": xla.guarded}) is covered
 
 
-def test_guard_covers_looks_under_wrappers():
+def test_guard_covers_looks_under_wrappers(xla):
     wrapped = wrapt.FunctionWrapper(_Shapes.fabric_2_6, lambda wrapped, instance, args, kwargs: None)
-    assert guard_integration.covers(wrapped) is True
+    with _as_torch_xla(xla.module):
+        assert guard_integration.covers(wrapped, {"optimizer_step": xla.guarded}) is True
+
+
+def test_guard_does_not_cover_a_call_that_resolves_elsewhere(xla):
+    """The names are all there, but ``xm`` here is not the module holding the guard: not covered."""
+    with _as_torch_xla(xla.module):
+        assert guard_integration.covers(_Shapes.fabric_2_6, {"optimizer_step": xla.original}) is False
+    assert guard_integration.covers(_Shapes.fabric_2_6, {"optimizer_step": xla.guarded}) is False  # no torch_xla

@@ -188,6 +188,10 @@ DIFFERENT_PAIRS = {
     "with on a tuple vs two context managers": ("with (a, b): pass", "with a, b: pass"),
     "tuple vs its first element in a for loop": ("for x in (a, b): pass", "for x in a: pass"),
     "conditional expression vs its first part": ("y = (a) if b else c", "y = a"),
+    # Soft keywords are keywords there: "(1,)" after "case" is a 1-tuple pattern, not a call's arguments.
+    "case pattern 1-tuple vs parenthesized value": ("match x:\n        case (1,): pass",
+                                                    "match x:\n        case (1): pass"),
+    "match subject tuple vs value": ("match (x,):\n        case _: pass", "match (x):\n        case _: pass"),
 }
 SAME_PAIRS = {
     # (a, b): statement-level spellings that mean the same.
@@ -509,7 +513,7 @@ def _corpus():
     """Every sample above plus every function definition in this package's source."""
     sources = [textwrap.dedent(BASE)] + [textwrap.dedent(text) for text in SAME_CODE.values()]
     sources += [_wrap_statement(statement) for pair in list(DIFFERENT_PAIRS.values()) + list(SAME_PAIRS.values())
-                for statement in pair]
+                for statement in pair if not statement.startswith("match ")]  # 3.10+ syntax: 3.8 cannot read it
     for path in sorted(glob.glob(os.path.join(PACKAGE_DIR, "*.py"))):
         with open(path) as handle:
             text = handle.read()
@@ -665,3 +669,71 @@ def test_script_check_compares_with_the_table_field(monkeypatch):
     for row in rows:
         row["recorded"] = {}
     assert "records no fingerprints" in script.check(["x"])[0]
+
+
+# --------------------------------------------------------------------------- what decorators are bound to
+DECORATED = """
+import functools
+from typing_extensions import override as real_override
+
+def wrapping(function):
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        return function(*args, **kwargs)
+    return wrapper
+
+def marking(function):  # a no-op the shim does not know: not on the short list
+    return function
+
+override = {binding}
+
+class Precision:
+    @override
+    def optimizer_step(self, optimizer, **kwargs):
+        return optimizer.step(**kwargs)
+
+    @staticmethod
+    def helper(x):
+        return x
+"""
+
+
+def _decorated(tmp_path, binding, name="h4_decorated"):
+    path = tmp_path / ("%s_%s.py" % (name, abs(hash(binding))))
+    path.write_text(DECORATED.format(binding=binding))
+    spec = importlib.util.spec_from_file_location(path.stem, str(path))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[path.stem]
+    return module.Precision
+
+
+@pytest.mark.parametrize("binding, known", [("real_override", True), ("wrapping", False), ("marking", False)])
+def test_identity_needs_each_decorator_bound_to_a_known_no_op(tmp_path, binding, known):
+    """Same text, same fingerprint; only what ``override`` is bound to differs, and decides identity."""
+    cls = _decorated(tmp_path, binding)
+    assert identity.fingerprint(vars(cls)["optimizer_step"]) == identity.fingerprint(
+        vars(_decorated(tmp_path, "real_override", "h4_reference"))["optimizer_step"])
+    assert identity.decorators_known(vars(cls)["optimizer_step"]) is known
+
+
+def test_a_static_method_is_known_only_as_a_static_method(tmp_path):
+    cls = _decorated(tmp_path, "real_override")
+    assert identity.decorators_known(vars(cls)["helper"]) is True
+    assert identity.decorators_known(vars(cls)["helper"].__func__) is False  # the class holds a staticmethod
+
+
+def test_a_decorator_call_or_a_wrapper_without_source_decorators_is_not_known():
+    @functools.lru_cache()
+    def cached(x):
+        return x
+
+    def plain(x):
+        return x
+
+    assert identity.decorators_known(cached) is False  # not a plain function
+    assert identity.decorators_known(plain) is True  # no decorator at all
+    assert identity.decorators_known(functools.wraps(plain)(lambda x: x)) is False  # a wrapper (__wrapped__)

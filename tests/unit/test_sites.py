@@ -104,7 +104,7 @@ def test_recorded_fingerprints_agree_with_the_measured_releases():
                            "fingerprints.json")) as handle:
         measured = json.load(handle)
     for site in sites.CALL_SITES:
-        if site.integration != "lightning" or site.fix is None:
+        if site.integration != "lightning" or site.inherits or (site.fix is None and not site.fingerprints):
             continue
         assert site.fingerprints, site.variant
         assert len({fp for _, fp in site.fingerprints}) == len(site.fingerprints), site.variant

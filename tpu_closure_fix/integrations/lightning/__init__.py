@@ -42,6 +42,9 @@ FINGERPRINTS = {
     "lightning-fabric-1.9": (("2.0.0", "sha256:7f423218dcd724d6"),),
     "fabric-2.1": (("2.1.4", "sha256:6dbeb102b5d4fecd"), ("2.6.6", "sha256:9133ab807b8a63a7")),
     "lightning-fabric-2.1": (("2.1.0", "sha256:6dbeb102b5d4fecd"), ("2.6.6", "sha256:9133ab807b8a63a7")),
+    # Upstream-fixed code: a release past the newest verified one is "fixed upstream" only when identical.
+    "pl-2.1.1+": (("2.6.6", "sha256:5fc7a46a99caed8b"),),
+    "lightning-2.1.1+": (("2.6.6", "sha256:5fc7a46a99caed8b"),),
 }
 
 
@@ -152,10 +155,12 @@ CALL_SITES = (
           FIXED_2_1),
     _site("lightning-2.1.0", "lightning.pytorch", "lightning", L_XLA, "XLAPrecisionPlugin.optimizer_step",
           ">=2.1.0,<2.1.1", FIXED_2_1),
-    _site("pl-2.1.1+", "pytorch_lightning", PL, PL_XLA, XLA_STEP, ">=2.1.1", FIXED_2_1,
-          note="open-ended: the shape check still verifies the fix"),
-    _site("lightning-2.1.1+", "lightning.pytorch", "lightning", L_XLA, XLA_STEP, ">=2.1.1", FIXED_2_1,
-          note="open-ended: the shape check still verifies the fix"),
+    # Capped at the newest verified release: a newer one is "fixed upstream" only when its code is identical
+    # to 2.6.6's (fingerprint), else "skipped (unknown release: not verified)". Names never decide it.
+    _site("pl-2.1.1+", "pytorch_lightning", PL, PL_XLA, XLA_STEP, ">=2.1.1,<2.6.7", FIXED_2_1,
+          note="newer releases: only code identical to 2.6.6"),
+    _site("lightning-2.1.1+", "lightning.pytorch", "lightning", L_XLA, XLA_STEP, ">=2.1.1,<2.6.7", FIXED_2_1,
+          note="newer releases: only code identical to 2.6.6"),
     # ---- Lite, 1.8.x: standalone lightning-lite, the copy vendored in pytorch-lightning 1.8, lightning.lite
     _site("lite-1.8", "lightning_lite", "lightning-lite | pytorch-lightning (vendored)",
           "lightning_lite.plugins.precision.tpu", LITE_STEP, ">=1.8.0,<1.9.0", LITE, LITE_FIX),

@@ -37,20 +37,27 @@ CALL_SITES = (
 )
 
 
-def covers(function):
-    """True when ``function``'s code can hand a closure to ``xm.optimizer_step`` in ``optimizer_args``.
+def covers(function, guards):
+    """True when ``function`` hands a closure to ``xm.optimizer_step`` and that call reaches the guard.
 
-    It calls ``optimizer_step`` with ``optimizer_args`` and either names the
-    closure itself (the Trainer plugins) or takes ``**kwargs``, in which the
-    caller's closure travels (Lite and Fabric pass ``optimizer_args=kwargs``).
-    Such code, at a framework site whose own row does not apply (an unknown
-    release, an edited body), still goes through the guard when it is patched:
-    the engine then reports the site ``guarded`` rather than unprotected.
+    Two facts, both required:
+
+    * the code can pass a closure in ``optimizer_args``: it names ``optimizer_args`` and either the
+      closure itself (the Trainer plugins) or takes ``**kwargs``, in which the caller's closure travels
+      (Lite and Fabric pass ``optimizer_args=kwargs``);
+    * every load of ``optimizer_step`` in it resolves, now, to the patched guard (``guards``:
+      {"optimizer_step": the live patched attribute}; :func:`tpu_closure_fix.calls.covers`). A
+      function bound by ``from torch_xla.core.xla_model import optimizer_step`` before the shim patched
+      torch_xla holds the original: its call never reaches the guard, whatever the code's names say.
     """
+    from ... import calls
+
     code = getattr(inspect.unwrap(function), "__code__", None)
     if code is None:
         return False
     names = code_names(code)
-    if not {"optimizer_step", "optimizer_args"} <= names:
+    if "optimizer_args" not in names:
         return False
-    return "closure" in names or bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    if "closure" not in names and not code.co_flags & inspect.CO_VARKEYWORDS:
+        return False
+    return calls.covers(function, guards)
