@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """SyncCheck overhead at its default frequency, measured (not a test).
 
-Two replica processes (torch.distributed over gloo, CPU, one thread each) train an MLP data-parallel:
+Two replica processes (torch.distributed over gloo, CPU, one thread each) train a model (``--model``:
+the demo's, an MLP, or one of >= 100 M parameters) data-parallel:
 forward, backward, gradient all-reduce (mean), SGD step -- the step SyncCheck runs beside. Two
 measurements, both on rank 0, both with the replicas in lock-step:
 
@@ -13,9 +14,12 @@ measurements, both on rank 0, both with the replicas in lock-step:
    collective, host copy), each over many repetitions; overhead = check / (every * step).
 
 The machine is shared and noisy: (2) is the precise figure, (1) the end-to-end confirmation (its noise,
-reported as the interquartile range, is larger than the effect).
+reported as the interquartile range, is larger than the effect). The large model measures (2) only:
+a block of 100 of its steps takes minutes.
 
-    python benchmarks/synccheck_overhead.py            # the figure in docs/synccheck.md
+    python benchmarks/synccheck_overhead.py --model demo   # the figures in docs/synccheck.md
+    python benchmarks/synccheck_overhead.py --model mlp
+    python benchmarks/synccheck_overhead.py --model large  # 2 x about 1.3 GB of memory
     python benchmarks/synccheck_overhead.py --smoke    # a few seconds: the script works
 """
 import argparse
@@ -32,6 +36,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _stats import quartiles  # noqa: E402
 
 
+#: The models measured: the demo's (tpu-closure-fix demo: 64 -> 64 -> 10), an MLP (784 -> width -> width ->
+#: 10) and a large one of >= 100 M parameters (4096 wide, 6 layers).
+MODELS = {"demo": {"inputs": 64, "widths": [64], "batch": 32},
+          "mlp": {"inputs": 784, "widths": [512, 512], "batch": 64},
+          "large": {"inputs": 4096, "widths": [4096] * 5, "batch": 64}}
+
+
+def build_model(cfg):
+    import torch
+
+    layers, inputs = [], cfg["inputs"]
+    for width in cfg["widths"]:
+        layers += [torch.nn.Linear(inputs, width), torch.nn.ReLU()]
+        inputs = width
+    return torch.nn.Sequential(*layers, torch.nn.Linear(inputs, 10))
+
+
 def worker(rank, world, port, cfg):
     import torch
     import torch.distributed as dist
@@ -42,12 +63,10 @@ def worker(rank, world, port, cfg):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
     torch.manual_seed(0)
-    width = cfg["width"]
-    model = torch.nn.Sequential(torch.nn.Linear(784, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
-                                torch.nn.ReLU(), torch.nn.Linear(width, 10))
+    model = build_model(cfg)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(rank)
-    x = torch.randn(cfg["batch"], 784, generator=gen)
+    x = torch.randn(cfg["batch"], cfg["inputs"], generator=gen)
     y = torch.randint(0, 10, (cfg["batch"],), generator=gen)
     every = cfg["every"]
 
@@ -93,11 +112,12 @@ def worker(rank, world, port, cfg):
     result = {
         "params": sum(p.numel() for p in model.parameters()),
         "tensors": len(list(model.parameters())),
-        "every": every, "reps": cfg["reps"], "batch": cfg["batch"], "width": width, "world": world,
-        "paired_overhead_median": statistics.median(ratios),
-        "paired_overhead_iqr": quartiles(ratios),
-        "block_plain_median_s": statistics.median(plain_times),
-        "block_check_median_s": statistics.median(check_times),
+        "model": cfg["model"], "every": every, "reps": cfg["reps"], "batch": cfg["batch"], "world": world,
+        "component_reps": cfg["component_reps"],
+        "paired_overhead_median": statistics.median(ratios) if ratios else None,
+        "paired_overhead_iqr": quartiles(ratios) if ratios else None,
+        "block_plain_median_s": statistics.median(plain_times) if plain_times else None,
+        "block_check_median_s": statistics.median(check_times) if check_times else None,
         "step_median_s": statistics.median(step_times),
         "check_median_s": statistics.median(compare_times),
     }
@@ -112,10 +132,13 @@ def worker(rank, world, port, cfg):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="a few seconds: check the script runs")
-    parser.add_argument("--reps", type=int, default=40, help="paired block repetitions (default 40)")
+    parser.add_argument("--model", choices=sorted(MODELS), default="mlp", help="model measured (default mlp)")
+    parser.add_argument("--reps", type=int, default=None,
+                        help="paired block repetitions (default 40; 0 for the large model: its blocks take minutes)")
+    parser.add_argument("--component-reps", type=int, default=None,
+                        help="repetitions of one step and one check (default 300; 7 for the large model)")
     parser.add_argument("--every", type=int, default=None, help="steps per check (default DEFAULT_EVERY)")
-    parser.add_argument("--width", type=int, default=512, help="MLP hidden width (default 512)")
-    parser.add_argument("--batch", type=int, default=64, help="per-replica batch (default 64)")
+    parser.add_argument("--batch", type=int, default=None, help="per-replica batch (default: the model's)")
     parser.add_argument("--json", help="also write the result here")
     parser.add_argument("--worker", nargs=3, metavar=("RANK", "PORT", "CFG"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -128,11 +151,15 @@ def main(argv=None):
     from tpu_closure_fix.synccheck import DEFAULT_EVERY
 
     every = args.every or DEFAULT_EVERY
-    cfg = {"world": 2, "every": every, "width": args.width, "batch": args.batch,
-           "reps": 2 if args.smoke else args.reps, "warmup": 5 if args.smoke else 50,
-           "component_reps": 10 if args.smoke else 300}
+    large = args.model == "large"
+    cfg = dict(MODELS[args.model], model=args.model, world=2, every=every)
+    cfg.update(reps=(0 if large else 40) if args.reps is None else args.reps,
+               component_reps=(7 if large else 300) if args.component_reps is None else args.component_reps,
+               warmup=2 if large else 50)
+    if args.batch:
+        cfg["batch"] = args.batch
     if args.smoke:
-        cfg.update(every=min(every, 10), width=64)
+        cfg.update(every=min(every, 10), reps=2, component_reps=10, warmup=5, inputs=64, widths=[64])
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -145,15 +172,16 @@ def main(argv=None):
         print("a replica failed: exit codes %s" % [p.returncode for p in procs], file=sys.stderr)
         return 1
     result = json.loads(outs[0].strip().splitlines()[-1])
-    lo, hi = result["paired_overhead_iqr"]
-    print("SyncCheck overhead: %d replicas (gloo, CPU, 1 thread each), MLP %d params in %d tensors, batch %d, "
-          "check every %d steps" % (result["world"], result["params"], result["tensors"], result["batch"],
-                                    result["every"]))
-    print("  step (median of %d)            %8.3f ms" % (cfg["component_reps"], 1e3 * result["step_median_s"]))
-    print("  one check (median of %d)       %8.3f ms" % (cfg["component_reps"], 1e3 * result["check_median_s"]))
-    print("  component overhead             %8.4f %%   check / (every x step)" % (100 * result["component_overhead"]))
-    print("  paired blocks (median of %d)    %+8.3f %%   interquartile range [%+.3f %%, %+.3f %%]"
-          % (result["reps"], 100 * result["paired_overhead_median"], 100 * lo, 100 * hi))
+    print("SyncCheck overhead: %d replicas (gloo, CPU, 1 thread each), model %r: %d params in %d tensors, "
+          "batch %d, check every %d steps" % (result["world"], result["model"], result["params"], result["tensors"],
+                                              result["batch"], result["every"]))
+    print("  step (median of %d)            %10.3f ms" % (cfg["component_reps"], 1e3 * result["step_median_s"]))
+    print("  one check (median of %d)       %10.3f ms" % (cfg["component_reps"], 1e3 * result["check_median_s"]))
+    print("  component overhead             %10.4f %% check / (every x step)" % (100 * result["component_overhead"]))
+    if result["paired_overhead_median"] is not None:
+        lo, hi = result["paired_overhead_iqr"]
+        print("  paired blocks (median of %d)    %+8.3f %%   interquartile range [%+.3f %%, %+.3f %%]"
+              % (result["reps"], 100 * result["paired_overhead_median"], 100 * lo, 100 * hi))
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(result, handle, indent=1)

@@ -9,18 +9,20 @@ The bit hash of one tensor
 The tensor's raw bits are read as 32-bit words: 4-byte elements are one word, 8-byte elements two
 words, 2-byte elements (bf16, fp16) and 1-byte elements are widened bit-for-bit to one word each
 (their bit pattern is kept; only the padding is added). Word ``w`` at word index ``i`` of the tensor
-with position ``k`` in the model contributes ``mix(w XOR key(i, k))`` where ``key(i, k) = i * P1 +
-k * P2 (mod 2^32)`` and ``mix`` is the "lowbias32" integer hash (xorshift-multiply rounds), a
-bijection of 32-bit words. The tensor's hash is the sum of the contributions mod 2^32 (int32
-arithmetic that wraps around).
+with position ``k`` in the model contributes ``mix(w XOR key) * (key * P3 OR 1)`` where ``key = i * P1
++ k * P2`` and ``mix`` is the "lowbias32" integer hash (xorshift-multiply rounds), a bijection of 32-bit
+words; all mod 2^32. The tensor's hash is the sum of the contributions mod 2^32 (int32 arithmetic that
+wraps around). The position-dependent odd multiplier decorrelates the changes of different words:
+without it, the same bit change at two positions (e.g. both signs flipped, or one ulp up here and one
+down there) cancelled about 15 times more often than 2^-32 (benchmarks/synccheck_collisions.py).
 
 Guarantee:
 
 * identical bits give identical hashes (the computation is exact integer arithmetic, the same on
   CPU and on XLA: tests/xla checks the XLA lowering bit for bit against the CPU result);
 * a change of any ONE word (one element off by one ulp, a flipped sign, a NaN payload) always
-  changes the hash: ``XOR key`` and ``mix`` are bijections, so that word's contribution changes and
-  nothing else does;
+  changes the hash: ``XOR key``, ``mix`` and the odd multiplier are bijections, so that word's
+  contribution changes and nothing else does;
 * a difference in two or more words goes unseen only if the changed contributions happen to cancel
   mod 2^32; for the mix's pseudo-random contributions that has probability about 2^-32 (2.3e-10)
   per differing tensor, also for sum-preserving changes (+e on one element, -e on another) and for
@@ -59,13 +61,15 @@ SLOTS = 1024
 CHUNK = 1 << 18
 
 # lowbias32 (two xorshift-multiply rounds and a last xorshift; constants from Chris Wellons's
-# hash-prospector: chosen over the three-round triple32 for its 13 tensor operations per chunk instead of
-# 17, the bulk of a check's cost on CPU), and the two odd multipliers of the position key. Multipliers
+# hash-prospector: with the position multiplier it measured as uniform as 2^-32 where the three-round
+# triple32 alone did not, in 16 tensor operations per chunk), the two odd multipliers of the position key
+# and the one of the contribution's multiplier. Multipliers
 # are applied as signed int32 values: torch multiplies int32 with wrap-around.
 _ROUNDS = ((16, 0x7FEB352D), (15, 0x846CA68B))
 _LAST_SHIFT = 16
 _P1 = 0x9E3779B1
 _P2 = 0x85EBCA77
+_P3 = 0x2C1B3C6D
 
 _MASK32 = 0xFFFFFFFF
 
@@ -151,15 +155,37 @@ def _key_base(length, device):
     return base
 
 
-def _hash_words(chunk, offset, position):
-    """Sum (int32, wrapping) of ``mix(word XOR key)`` over one run of words starting at word ``offset``."""
+def contributions(chunk, offset, position):
+    """``mix(word XOR key)`` of every word of one run of words starting at word ``offset`` of the
+    tensor at ``position`` (int32; benchmarks/synccheck_collisions.py studies them one by one)."""
     import torch
 
     base = _key_base(chunk.numel(), chunk.device)
-    x = torch.add(base, signed32(offset * _P1 + position * _P2))
-    x.bitwise_xor_(chunk)
-    mix_(x, torch.empty_like(x))
-    return x.sum(dtype=torch.int32)
+    return keyed_contributions(chunk, torch.add(base, signed32(offset * _P1 + position * _P2)))
+
+
+def position_keys(indices, position):
+    """The keys of the words at ``indices`` (an int64 tensor of word indices) of the tensor at ``position``."""
+    import torch
+
+    keys = (indices * _P1 + position * _P2) & _MASK32
+    return torch.where(keys >= (1 << 31), keys - (1 << 32), keys).to(torch.int32)
+
+
+def keyed_contributions(chunk, key):
+    """``mix(word XOR key) * (key * P3 OR 1)`` per word (int32); ``key`` is consumed (overwritten)."""
+    import torch
+
+    x = torch.bitwise_xor(key, chunk)
+    multiplier = key.mul_(signed32(_P3)).bitwise_or_(1)  # odd: multiplying by it is a bijection
+    return mix_(x, torch.empty_like(x)).mul_(multiplier)
+
+
+def _hash_words(chunk, offset, position):
+    """Sum (int32, wrapping) of the contributions of one run of words."""
+    import torch
+
+    return contributions(chunk, offset, position).sum(dtype=torch.int32)
 
 
 def bit_hash(tensor, position, chunk=CHUNK):
@@ -266,26 +292,41 @@ def failed_vector(device=None, slots=SLOTS):
     return v if device is None else v.to(device)
 
 
+_structure_cache = {}
+
+
+def _structure_fields(structures, slots):
+    """The host-side fields (header and per-slot structure hashes) as a float32 CPU tensor; cached for
+    the last structure seen (a model keeps its structure from one check to the next)."""
+    import torch
+
+    key = (structures, slots)
+    cached = _structure_cache.get(key)
+    if cached is not None:
+        return cached
+    fields = [float(FORMAT), 0.0, float(len(structures))] + list(_halves(structure_digest(structures)))
+    shape_sums, dtype_sums = [0] * slots, [0] * slots
+    for k, (shape, dtype) in enumerate(structures):
+        shape_sums[k % slots] += shape_hash(k, shape)
+        dtype_sums[k % slots] += dtype_hash(k, dtype)
+    for per_slot in (shape_sums, dtype_sums):
+        halves = [_halves(v) for v in per_slot]
+        fields += [h for h, _ in halves] + [l for _, l in halves]
+    _structure_cache.clear()
+    _structure_cache[key] = torch.tensor(fields, dtype=torch.float32)
+    return _structure_cache[key]
+
+
 def local_vector(tensors, device=None, slots=SLOTS, chunk=CHUNK):
     """This replica's vector (float32, length :func:`vector_length`) for its parameter tensors, in
     model order. Built on ``device`` (default: the first tensor's, else CPU)."""
     import torch
 
     tensors = list(tensors)
-    structures = [describe(t) for t in tensors]
+    structures = tuple(describe(t) for t in tensors)
     if device is None:
         device = tensors[0].device if tensors else torch.device("cpu")
-    # Host-side fields: header and structure hashes (exact integers, no device work).
-    header = [float(FORMAT), 0.0, float(len(tensors))] + list(_halves(structure_digest(structures)))
-    shape_sums, dtype_sums = [0] * slots, [0] * slots
-    for k, (shape, dtype) in enumerate(structures):
-        shape_sums[k % slots] += shape_hash(k, shape)
-        dtype_sums[k % slots] += dtype_hash(k, dtype)
-    host = list(header)
-    for per_slot in (shape_sums, dtype_sums):
-        halves = [_halves(v) for v in per_slot]
-        host += [h for h, _ in halves] + [l for _, l in halves]
-    host = torch.tensor(host, dtype=torch.float32)
+    host = _structure_fields(structures, slots)
     # Device-side fields: one bit hash and three value sums per tensor, then folded into the slots.
     rows = slots * max(1, -(-len(tensors) // slots))
     if tensors:
@@ -307,26 +348,30 @@ def local_vector(tensors, device=None, slots=SLOTS, chunk=CHUNK):
     return torch.cat([exact, -exact, sums, -sums, scale])
 
 
-def decode(values, slots=SLOTS):
-    """Read a MAX-reduced vector (a list of floats): ``{field: (max, min)}`` for the header fields,
-    ``{field: [(max, min) per slot]}`` for the slot fields, ``abs_sum``: [max per slot]; the 32-bit
-    fields are joined back (``digest``, ``shape``, ``dtype``, ``bits``)."""
+def decode(reduced, slots=SLOTS):
+    """Read a MAX-reduced vector (a tensor, or a list of floats). Header fields: ``{field: (max, min)}``
+    as floats; slot fields: ``{field: (max tensor, min tensor)}`` over the slots (``abs_sum``: the max
+    tensor only); ``digest``: the 32-bit digest's (max, min) joined from its halves."""
+    import torch
+
+    v = torch.as_tensor(reduced, dtype=torch.float32).detach().cpu()
     exact, floats, scales = _layout(slots)
-
-    def pair(j):
-        return values[j], -values[exact + j]
-
-    out = {name: pair(j) for j, name in enumerate(HEADER)}
-    base = len(HEADER)
+    high, low = v[:exact], -v[exact:floats]
+    out = {name: (float(high[j]), float(low[j])) for j, name in enumerate(HEADER)}
     for f, name in enumerate(SLOT_EXACT):
-        out[name] = [pair(base + f * slots + s) for s in range(slots)]
-    out["sum"] = [(values[floats + s], -values[floats + slots + s]) for s in range(slots)]
-    out["abs_sum"] = [values[scales + s] for s in range(slots)]
-
-    def join(hi, lo):
-        return (int(hi[0]) << 16 | int(lo[0]), int(hi[1]) << 16 | int(lo[1]))
-
-    out["digest"] = join(out["digest_hi"], out["digest_lo"])
-    for name in ("shape", "dtype", "bits"):
-        out[name] = [join(h, l) for h, l in zip(out[name + "_hi"], out[name + "_lo"])]
+        start = len(HEADER) + f * slots
+        out[name] = (high[start:start + slots], low[start:start + slots])
+    out["sum"] = (v[floats:floats + slots], -v[floats + slots:scales])
+    out["abs_sum"] = v[scales:scales + slots]
+    out["digest"] = tuple(int(out["digest_hi"][i]) << 16 | int(out["digest_lo"][i]) for i in (0, 1))
     return out
+
+
+def slots_differing(decoded, *fields):
+    """A bool tensor over the slots: true where any of ``fields`` is not the same on every replica."""
+    mask = None
+    for name in fields:
+        high, low = decoded[name]
+        bad = high != low
+        mask = bad if mask is None else mask | bad
+    return mask

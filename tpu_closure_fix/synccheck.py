@@ -314,22 +314,13 @@ def compare_replicas(model, step=None, tolerance=DEFAULT_TOLERANCE):
         vector, error = _local_vector(kind, lib, named)
         error = listing_error or error
         try:
-            values = _all_reduce_max(kind, lib, vector).detach().cpu().tolist()
+            reduced = _all_reduce_max(kind, lib, vector).detach().cpu()
         except Exception as exc:
             return SyncReport(step, size, kind, [n for n, _ in named], [0.0] * len(named),
                               [0.0] * len(named), tolerance, outcome="unverified",
                               reason="the all-reduce of the fingerprints failed here: %s: %s"
                               % (type(exc).__name__, exc))
-    return _verdict(step, size, kind, named, values, tolerance, error)
-
-
-def _pair_differs(pairs, index):
-    high, low = pairs[index]
-    return high != low
-
-
-def _slot_differs(decoded, fields, slot):
-    return any(_pair_differs(decoded[f], slot) for f in fields)
+    return _verdict(step, size, kind, named, reduced, tolerance, error)
 
 
 def _structure_mismatch(decoded, named, slots):
@@ -341,30 +332,30 @@ def _structure_mismatch(decoded, named, slots):
     if high != low:
         parts.append("the number of parameter tensors differs (%d on some replicas, %d on others; %d here)"
                      % (low, high, len(named)))
-    for s in range(min(int(high), slots)):
-        shape = _slot_differs(decoded, ("shape_hi", "shape_lo"), s)
-        dtype = _slot_differs(decoded, ("dtype_hi", "dtype_lo"), s)
-        if shape or dtype:
-            what = " and ".join(w for w, bad in (("shape", shape), ("dtype", dtype)) if bad)
-            if s < len(named):
-                here_shape, here_dtype = fingerprint.describe(named[s][1])
-                parts.append("parameter tensor #%d %r has another %s on some replica (here: shape %s, %s)"
-                             % (s, named[s][0], what, here_shape, here_dtype))
-            else:
-                parts.append("parameter tensor #%d differs in %s (this replica has no tensor #%d)" % (s, what, s))
-            break
+    shape = fingerprint.slots_differing(decoded, "shape_hi", "shape_lo")
+    dtype = fingerprint.slots_differing(decoded, "dtype_hi", "dtype_lo")
+    bad = (shape | dtype).nonzero().flatten().tolist()
+    if bad:
+        s = bad[0]
+        what = " and ".join(w for w, mask in (("shape", shape), ("dtype", dtype)) if bool(mask[s]))
+        if s < len(named):
+            here_shape, here_dtype = fingerprint.describe(named[s][1])
+            parts.append("parameter tensor #%d %r has another %s on some replica (here: shape %s, %s)"
+                         % (s, named[s][0], what, here_shape, here_dtype))
+        else:
+            parts.append("parameter tensor #%d differs in %s (this replica has no tensor #%d)" % (s, what, s))
     if not parts and decoded["digest"][0] != decoded["digest"][1]:
         parts.append("the order of shapes/dtypes of the parameter tensors differs")
     return "; ".join(parts) or None
 
 
-def _verdict(step, size, kind, named, values, tolerance, error):
+def _verdict(step, size, kind, named, reduced, tolerance, error):
     """The SyncReport of a MAX-reduced fingerprint vector (the same on every replica, apart from the
     local names it quotes)."""
     from . import fingerprint
 
     slots = fingerprint.SLOTS
-    decoded = fingerprint.decode(values, slots)
+    decoded = fingerprint.decode(reduced, slots)
     names = [n for n, _ in named]
     n = len(named)
     zeros = [0.0] * n
@@ -377,25 +368,29 @@ def _verdict(step, size, kind, named, values, tolerance, error):
     if structure is not None:
         return SyncReport(step, size, kind, names, zeros, zeros, tolerance, outcome="structure", differing=[],
                           structure=structure)
+    differs = fingerprint.slots_differing(decoded, "bits_hi", "bits_lo").tolist()
+    nonfinite_high, nonfinite_low = (t.tolist() for t in decoded["nonfinite"])
+    sum_high, sum_low = (t.double() for t in decoded["sum"])
+    spreads = (sum_high - sum_low).tolist()
+    scales = decoded["abs_sum"].tolist()
     spread, divergence, differing, nonfinite = [], [], [], []
     for i in range(n):
         s = i % slots
-        high, low = decoded["sum"][s]
-        d = high - low
-        scale = decoded["abs_sum"][s]
-        if _pair_differs(decoded["nonfinite"], s):  # NaN/inf on some replicas only: no finite measure
+        d, scale = spreads[s], scales[s]
+        if nonfinite_high[s] != nonfinite_low[s]:  # NaN/inf on some replicas only: no finite measure
             d = scale = float("inf")
         spread.append(d)
         divergence.append(float("inf") if d == float("inf") else
                           d / scale if scale > 0 else (0.0 if d == 0 else float("inf")))
-        if _slot_differs(decoded, ("bits_hi", "bits_lo"), s):
+        if differs[s]:
             differing.append(i)
-        if decoded["nonfinite"][s][0] > 0:
+        if nonfinite_high[s] > 0:
             nonfinite.append(i)
     if differing:
         outcome = "differ"
-        nonfinite = [i for i in nonfinite if _pair_differs(decoded["nonfinite"], i % slots)
-                     or decoded["nonfinite"][i % slots][1] == 0]
+        # where bits differ, name the tensors with non-finite values on some replicas only
+        nonfinite = [i for i in nonfinite if nonfinite_high[i % slots] != nonfinite_low[i % slots]
+                     or nonfinite_low[i % slots] == 0]
     else:
         outcome = "nonfinite" if nonfinite else "identical"
     return SyncReport(step, size, kind, names, spread, divergence, tolerance, outcome=outcome,

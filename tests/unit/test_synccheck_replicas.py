@@ -156,9 +156,11 @@ def _reference_hash(tensor, position):
         x = (x * 0x846CA68B) & mask
         return x ^ (x >> 16)
 
-    words = fingerprint.words(tensor).tolist()
-    key = lambda i: (i * 0x9E3779B1 + position * 0x85EBCA77) & mask  # noqa: E731
-    return sum(mix((w & mask) ^ key(i)) for i, w in enumerate(words)) & mask
+    total = 0
+    for i, w in enumerate(fingerprint.words(tensor).tolist()):
+        key = (i * 0x9E3779B1 + position * 0x85EBCA77) & mask
+        total += mix((w & mask) ^ key) * (((key * 0x2C1B3C6D) & mask) | 1)
+    return total & mask
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8,
