@@ -100,7 +100,9 @@ def _disabled_by_environment():
     import os  # a local name, never a global: see the module docstring
 
     environ = os.environ
-    return (environ.get("TPU_CLOSURE_FIX", "").strip().lower() in OFF_VALUES
+    # ASCII whitespace and ASCII case only, as tpu_closure_fix.config: the same value under every locale
+    switch = environ.get("TPU_CLOSURE_FIX", "").strip(" \t\n\r\x0b\x0c")
+    return (switch.isascii() and switch.lower() in OFF_VALUES
             and environ.get(SYNC_CHECK_VAR, "").strip() in ("", "0"))
 
 

@@ -10,7 +10,7 @@ import os
 import warnings
 
 from . import engine
-from .config import ENV_VAR, QUOTE_LIMIT, SYNC_CHECK_VAR, TPUClosureFixWarning, enabled_from_environment, quote_value
+from .config import ENV_VAR, SYNC_CHECK_VAR, TPUClosureFixWarning, enabled_from_environment, show_value
 
 
 def activate():
@@ -18,7 +18,7 @@ def activate():
     arm_sync_check()
     if not enabled_from_environment():
         raw = os.environ.get(ENV_VAR, "")
-        engine.set_disabled_reason("%s=%s" % (ENV_VAR, raw if len(raw) <= QUOTE_LIMIT else quote_value(raw)))
+        engine.set_disabled_reason("%s=%s" % (ENV_VAR, show_value(raw)))
         return False
     return engine.enable()
 

@@ -112,8 +112,9 @@ def _unprotected_reasons(unprotected, events, graph):
     return reasons
 
 
-def _not_verified_reasons(events, graph, graph_unavailable):
-    reasons = []
+def _not_verified_reasons(events, graph, graph_unavailable, import_failures=()):
+    reasons = [("%s:%s" % (r["module"], r["method"]),
+                "%s:%s cannot be imported (%s)" % (r["module"], r["method"], r["reason"])) for r in import_failures]
     if events.get("error"):
         reasons.append(("self-test", "the event-order self-test failed: %s" % events["error"]))
     for site in events.get("sites", []):
@@ -151,15 +152,21 @@ def _untested(events, graph):
 def decide(unprotected, events, graph, graph_unavailable=None):
     """The outcome of a check.
 
-    ``unprotected``: status records of installed sites that run the buggy code; ``events``: the
+    ``unprotected``: status records of installed sites that run the buggy code (a site whose module failed
+    to import is among them for ``status``; here it makes the outcome "could not verify"); ``events``: the
     event-order self-test's result; ``graph``: the graph check's result, or None when it did not
     run (``False``: not asked for); ``graph_unavailable``: why a graph check that was asked for
     could not start, or None.
     """
+    from .report import import_failed
+
+    # a site whose module cannot be imported runs no code at all: neither order is shown, so not "unprotected"
+    import_failures = [r for r in unprotected if import_failed(r)]
+    unprotected = [r for r in unprotected if not import_failed(r)]
     reasons = _unprotected_reasons(unprotected, events, graph)
     if reasons:
         return Outcome(UNPROTECTED, EXIT_CODES[UNPROTECTED], "UNPROTECTED: " + _first_and_more(reasons) + ".")
-    reasons = _not_verified_reasons(events, graph, graph_unavailable)
+    reasons = _not_verified_reasons(events, graph, graph_unavailable, import_failures)
     if reasons:
         return Outcome(NOT_VERIFIED, EXIT_CODES[NOT_VERIFIED],
                        "COULD NOT VERIFY: %s. What you can do: %s." % (_first_and_more(reasons), _WHAT_TO_DO))

@@ -29,6 +29,7 @@ modules that were imported without the import hook firing (another import hook
 ahead of wrapt's, a failed registration) and patches them late, with a warning.
 """
 import logging
+import os
 import sys
 import threading
 import types
@@ -89,6 +90,37 @@ class _State(object):
 
 
 _state = _State()
+
+
+def _fresh_in_child(lock):
+    """``lock`` itself if this thread holds it (it will release it), else a new lock of the same kind.
+
+    After ``fork()`` only the forking thread exists in the child: a lock another thread held at that
+    moment (a thread inside ``enable()``) stays held forever, and the child's first ``status()``,
+    ``enable()`` or patched import would wait for it.  ``_is_owned`` (RLock's own test, C and Python
+    versions) tells whether the forking thread is the holder.
+    """
+    is_owned = getattr(lock, "_is_owned", None)
+    if is_owned is not None and is_owned():
+        return lock
+    return threading.RLock()
+
+
+def _after_fork_in_child():
+    """Re-create, in a forked child, the locks this package takes: the engine's, and wrapt's post-import
+    hook lock (the engine holds it while it registers or re-arms hooks).  Never raises."""
+    try:
+        _state.lock = _fresh_in_child(_state.lock)
+        importer = sys.modules.get("wrapt.importer")
+        held = getattr(importer, "_post_import_hooks_lock", None)
+        if held is not None:
+            importer._post_import_hooks_lock = _fresh_in_child(held)
+    except Exception:  # pragma: no cover - defensive: a fork must never fail because of the shim
+        pass
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def is_enabled():

@@ -9,6 +9,10 @@ from .releases import loaded_release, owning_distributions
 
 FIELDS = ("distribution", "release", "module", "method", "verdict", "reason", "variant")
 
+#: How the reason of a ``failed`` site whose module could not be imported starts: its code cannot run at
+#: all, so it runs no order, buggy or fixed (``check`` answers "could not verify" for it).
+IMPORT_FAILED = "import failed: "
+
 
 def _installed(package):
     top = package.split(".")[0]
@@ -89,11 +93,27 @@ def import_installed_sites():
                 failures[module_name] = engine.Finding(engine.ABSENT, "module not in this release", None,
                                                        loaded_release(package), None)
             else:
-                failures[module_name] = engine.Finding(engine.FAILED, "import failed: %s" % exc, None, None, None)
+                failures[module_name] = engine.Finding(engine.FAILED, IMPORT_FAILED + _exception_line(exc),
+                                                       None, None, None)
         except Exception as exc:
-            failures[module_name] = engine.Finding(engine.FAILED, "import failed: %s: %s" % (type(exc).__name__, exc),
+            failures[module_name] = engine.Finding(engine.FAILED, IMPORT_FAILED + _exception_line(exc),
                                                    None, None, None)
     return failures
+
+
+def _exception_line(exc):
+    """``Name: message`` on one line, the message quoted short when it holds a line break or non-ASCII text."""
+    from .config import QUOTE_LIMIT, quote_value
+
+    text = str(exc)
+    if "\n" in text or "\r" in text or not text.isascii():
+        text = quote_value(text, limit=4 * QUOTE_LIMIT)
+    return "%s: %s" % (type(exc).__name__, text)
+
+
+def import_failed(record):
+    """True when ``record`` is a site whose module failed to import (see :data:`IMPORT_FAILED`)."""
+    return record["verdict"] == engine.FAILED and (record.get("reason") or "").startswith(IMPORT_FAILED)
 
 
 def unprotected(records):

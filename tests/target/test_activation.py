@@ -218,3 +218,34 @@ def test_switch_values(pth_venv, probe_dir, value, expect_patched, expect_warnin
         assert "TPU_CLOSURE_FIX" in warnings_seen[0] and "0/false/off/no" in warnings_seen[0]
     else:
         assert warnings_seen == [], proc.stderr
+
+
+# --------------------------------------------------------------------------- the switch under any locale
+LOCALES = {"ascii stdout": {"PYTHONIOENCODING": "ascii"},
+           "C locale": {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""}}
+
+
+def status_text(probe_dir, value, locale):
+    env = probe_env(dict(LOCALES[locale], TPU_CLOSURE_FIX=value), pythonpath_extra=[REPO])
+    proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", "status"], env=env, capture_output=True,
+                          timeout=300, cwd=str(probe_dir))
+    assert b"Traceback" not in proc.stderr and proc.returncode in (0, 1), proc.stderr[-3000:]
+    return proc.stdout.decode("ascii"), proc.returncode
+
+
+@pytest.mark.parametrize("locale", sorted(LOCALES))
+def test_a_unicode_space_in_the_switch_is_a_bad_value_under_every_locale(probe_dir, locale):
+    """``$'0\\u2003'``: only ASCII whitespace is ignored, so it is not ``0`` (a UTF-8 locale used to strip
+    U+2003, a C locale not; status then printed it raw and died on an ASCII stdout)."""
+    text, code = status_text(probe_dir, "0\u2003", locale)
+    sites = [line for line in text.splitlines() if ".optimizer_step" in line]
+    assert code == 0 and sites and all(" patched" in line and "disabled" not in line for line in sites), text
+
+
+@pytest.mark.parametrize("locale", sorted(LOCALES))
+def test_a_line_break_in_the_switch_is_quoted_on_one_row(probe_dir, locale):
+    text, code = status_text(probe_dir, "off\n", locale)
+    sites = [line for line in text.splitlines() if "disabled" in line]
+    assert code == 1 and sites, text
+    assert all(line.endswith("TPU_CLOSURE_FIX='off\\n')") for line in sites), text
+    assert all(line.strip() != ")" for line in text.splitlines()), text

@@ -208,3 +208,48 @@ def test_bad_timeout_is_refused_with_the_accepted_values(value):
 def test_missing_xla_python_is_refused_naming_it(tmp_path):
     with pytest.raises(argparse.ArgumentTypeError, match="is not an executable file"):
         check._existing_python(str(tmp_path / "nope" / "python"))
+
+
+XLA_SITE = "torch_xla.core.xla_model:optimizer_step"
+BROKEN_XLA = "import failed: ImportError: libtpu.so: cannot open shared object file"
+
+
+def test_a_site_that_cannot_be_imported_is_could_not_verify_naming_the_error():
+    """Code that cannot be imported runs no order at all: not a verdict on the shim (was UNPROTECTED, exit 1)."""
+    out = check.decide([record(XLA_SITE, "failed", BROKEN_XLA)], events_of(event_site(FABRIC)), None)
+    assert (out.name, out.exit_code) == ("could not verify", 3), out.reason
+    assert out.reason.startswith("COULD NOT VERIFY: %s cannot be imported (%s)" % (XLA_SITE, BROKEN_XLA))
+
+
+def test_an_import_failure_does_not_hide_a_site_that_runs_the_buggy_order():
+    out = check.decide([record(XLA_SITE, "failed", BROKEN_XLA), record(FABRIC, "disabled", "TPU_CLOSURE_FIX=0")],
+                       events_of(event_site(FABRIC, "disabled", BUGGY_ORDER, ok=False)), None)
+    assert (out.name, out.exit_code) == ("unprotected", 1)
+    assert out.reason.startswith("UNPROTECTED: %s runs the buggy order (disabled" % FABRIC)
+
+
+def test_a_failure_of_the_shim_stays_unprotected_twin():
+    """Only an import failure changes the outcome: a patch that failed leaves the buggy code running."""
+    out = check.decide([record(FABRIC, "failed", "RuntimeError: boom")], events_of(event_site(FABRIC, "failed")),
+                       None)
+    assert (out.name, out.exit_code) == ("unprotected", 1)
+
+
+def test_check_with_a_torch_xla_that_cannot_be_imported_exits_3_naming_the_error(tmp_path):
+    """The real command: a torch_xla whose import raises (a broken libtpu) is "could not verify", exit 3."""
+    import os
+    import subprocess
+    import sys
+
+    broken = tmp_path / "site" / "torch_xla"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('libtpu.so: cannot open shared object file')\n")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k not in ("TPU_CLOSURE_FIX", "PYTHONPATH")}
+    env["PYTHONPATH"] = os.pathsep.join([repo, str(tmp_path / "site")])
+    proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", "check", "--no-graph", "--timeout", "300"],
+                          env=env, capture_output=True, text=True, timeout=400, cwd=str(tmp_path))
+    assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.rstrip().splitlines()[-1].startswith(
+        "COULD NOT VERIFY: torch_xla.core.xla_model:optimizer_step cannot be imported (import failed: ImportError: "
+        "libtpu.so: cannot open shared object file)"), proc.stdout

@@ -94,3 +94,30 @@ def test_release_of_a_package_still_initializing_comes_only_from_its_own_distrib
     fake.__file__ = wrapt_module.__file__
     fake.__spec__ = types.SimpleNamespace(_initializing=False)  # fully imported without __version__: unknown
     assert releases._release_while_initializing(fake) is None
+
+
+@pytest.mark.parametrize("raw", ["0\u2003", "\u20030", "off\u00a0", "0\udce2\udc80\udc83", "\uff2f\uff26\uff26"])
+def test_only_ascii_whitespace_and_case_are_ignored(raw):
+    """The same under every locale: a C locale decodes U+2003 to surrogates, which str.strip() keeps, while
+    a UTF-8 one strips U+2003 itself; so neither is stripped (the value is bad: warned about, enabled)."""
+    enabled, problem = config.parse_switch(raw)
+    assert enabled is True and problem is not None
+    assert problem.isascii() and "\n" not in problem
+
+
+@pytest.mark.parametrize("raw", ["off\n", "\t0 ", "\x0bNO\x0c", "\r\noff"])
+def test_ascii_whitespace_is_ignored(raw):
+    assert config.parse_switch(raw) == (False, None)
+
+
+@pytest.mark.parametrize("raw", ["0\u2003", "off\n", "\u20030", "0\udce2\udc80\udc83", " 0 ", "\uff2f\uff26\uff26"])
+def test_startup_module_parses_like_the_package(raw, monkeypatch):
+    startup = load_startup()
+    monkeypatch.setenv("TPU_CLOSURE_FIX", raw)
+    assert startup._disabled_by_environment() is (config.parse_switch(raw)[0] is False)
+
+
+@pytest.mark.parametrize("raw,shown", [("0", "0"), ("off", "off"), ("off\n", "'off\\n'"),
+                                       ("0\u2003", "'0\\u2003'"), ("", "''"), ("a b", "'a b'")])
+def test_values_are_shown_ascii_escaped_on_one_line(raw, shown):
+    assert config.show_value(raw) == shown

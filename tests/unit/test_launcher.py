@@ -16,16 +16,12 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
+from support.local_users import IS_ROOT, NOBODY, as_nobody, second_user, shared_directory
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-NOBODY = 65534
-SETPRIV = shutil.which("setpriv")
-IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
-second_user = pytest.mark.skipif(not (IS_ROOT and SETPRIV),
-                                 reason="acting as a second local user needs root and setpriv (uid 65534)")
 
 #: The command's report: its PYTHONPATH, whether the launcher armed it, how often the user's own
 #: sitecustomize ran in it, and whether a module of the working directory imports.
@@ -92,16 +88,9 @@ def bare_python(tmp_path_factory):
 @pytest.fixture
 def shared_tmp():
     """A shared temporary directory like /tmp (mode 1777): what TMPDIR is for both users."""
-    path = tempfile.mkdtemp(prefix="tcf-shared-", dir="/tmp")
-    os.chmod(path, 0o1777)
+    path = shared_directory()
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def as_nobody(script):
-    """Run a shell script as the second local user; returns the CompletedProcess (failures are expected)."""
-    return subprocess.run([SETPRIV, "--reuid=%d" % NOBODY, "--regid=%d" % NOBODY, "--clear-groups", "--",
-                           "/bin/sh", "-c", script], capture_output=True, text=True, timeout=60)
 
 
 def legitimate_run(bare_python, shared):

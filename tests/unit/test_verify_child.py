@@ -1,11 +1,14 @@
 """The one helper that runs Python children with a hard timeout and reads their JSON result."""
 import json
 import os
+import subprocess
 import sys
 import textwrap
 
-from tpu_closure_fix.verify.child import RESULT_MARK, emit, only_this_package_on_path, python_command, run_child, \
-    run_children
+import pytest
+
+from tpu_closure_fix.verify.child import RESULT_MARK, emit, only_this_package_on_path, python_code, python_command, \
+    run_child, run_children, safe_environment
 
 PY = sys.executable
 
@@ -120,7 +123,58 @@ def test_children_run_at_once_and_stream_lines():
 def test_emit_and_python_command(capsys):
     emit({"x": [1, 2]})
     assert capsys.readouterr().out == RESULT_MARK + json.dumps({"x": [1, 2]}) + "\n"
-    assert python_command("m", "--a", 3) == [sys.executable, "-m", "m", "--a", "3"]
+    assert python_command("m", "--a", 3)[0] == sys.executable and python_command("m", python="/x/py")[0] == "/x/py"
+
+
+PLANTED = "open(%r, 'a').write(__name__ + '\\n')\n"
+
+
+@pytest.fixture
+def planted_workdir(tmp_path):
+    """A working directory holding modules that shadow a stdlib module and the module to run; each one,
+    if imported, appends its name to ``ran.txt``.  The real module is in ``lib/`` (absolute PYTHONPATH)."""
+    work, lib, ran = tmp_path / "work", tmp_path / "lib", tmp_path / "ran.txt"
+    work.mkdir()
+    lib.mkdir()
+    for name in ("json", "runpy", "probemod"):
+        (work / (name + ".py")).write_text(PLANTED % str(ran))
+    (lib / "probemod.py").write_text("import json, sys\nprint(json.dumps({'name': __name__, 'argv': sys.argv[1:], "
+                                     "'spec': __spec__.name, 'file': __file__ == sys.argv[0]}))\n")
+    return work, str(lib), ran
+
+
+def test_python_command_runs_the_module_like_dash_m_never_from_the_working_directory(planted_workdir):
+    work, lib, ran = planted_workdir
+    proc = subprocess.run(python_command("probemod", "--a", 3), cwd=str(work), capture_output=True, text=True,
+                          env=safe_environment(dict(os.environ, PYTHONPATH=lib)), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"name": "__main__", "argv": ["--a", "3"], "spec": "probemod", "file": True}
+    assert not ran.exists()
+
+
+def test_plain_dash_m_runs_the_planted_modules_twin(planted_workdir):
+    work, lib, ran = planted_workdir
+    subprocess.run([sys.executable, "-m", "probemod"], cwd=str(work), capture_output=True, text=True,
+                   env=dict(os.environ, PYTHONPATH=lib), timeout=60)
+    assert ran.read_text().split() == ["__main__"]  # the working directory's probemod ran, not lib's
+
+
+def test_python_code_never_imports_from_the_working_directory(planted_workdir):
+    work, lib, ran = planted_workdir
+    proc = subprocess.run(python_code("import json; print(json.dumps(1))"), cwd=str(work), capture_output=True,
+                          text=True, env=safe_environment(), timeout=60)
+    assert (proc.returncode, proc.stdout, ran.exists()) == (0, "1\n", False), proc.stderr
+    subprocess.run([sys.executable, "-c", "import json"], cwd=str(work), timeout=60)  # the twin
+    assert ran.read_text().split() == ["json"]
+
+
+@pytest.mark.parametrize("pythonpath, kept", [
+    ("/abs/a:rel/b::/abs/c:.", "/abs/a:/abs/c"), ("lon/x", None), ("", None), (None, None)])
+def test_safe_environment_keeps_only_absolute_pythonpath_entries(pythonpath, kept):
+    env = {"HOME": "/h"} if pythonpath is None else {"HOME": "/h", "PYTHONPATH": pythonpath}
+    out = safe_environment(env)
+    assert out.get("PYTHONPATH") == kept and out["PYTHONSAFEPATH"] == "1" and out["HOME"] == "/h"
+    assert env.get("PYTHONPATH") == pythonpath  # a copy
 
 
 def test_only_this_package_on_path():

@@ -60,9 +60,55 @@ class ChildRun(namedtuple("ChildRun", "argv returncode payload stdout stderr sec
         return ""
 
 
+#: ``-c`` code run before anything is imported from ``sys.path``: drop the entry ``-c`` puts first (``''``:
+#: the working directory, searched at every import).  ``sys`` is built in; the imports that follow come
+#: from the remaining, absolute, entries.
+_SAFE_PATH_PREFIX = "import sys; sys.path[:] = [entry for entry in sys.path if entry != '']; "
+
+#: Runs the module the way ``python -m`` does (``runpy._run_module_as_main`` is what ``-m`` itself calls:
+#: ``__main__``, ``sys.argv[0]``, the ``__spec__`` that spawn start methods read).
+_RUN_MODULE = _SAFE_PATH_PREFIX + "import runpy; runpy._run_module_as_main(sys.argv.pop(1))"
+
+
 def python_command(module, *args, python=None):
-    """``[python, "-m", module, *args]`` with this interpreter by default."""
-    return [python or sys.executable, "-m", module] + [str(a) for a in args]
+    """The command that runs ``python -m module args`` without searching the working directory.
+
+    ``python -m`` and ``python -c`` put the working directory first on ``sys.path``: run from a shared
+    directory (``cd /tmp``), a planted ``torch.py`` or ``tpu_closure_fix.py`` there would run in the
+    child.  ``-I`` would avoid that but also drops ``PYTHONPATH`` and the user site-packages, where the
+    frameworks the child must test can be installed (a ``--target`` folder, ``pip --user``); ``-P``
+    exists only from Python 3.11 and ``python`` may be another interpreter of unknown version.  So
+    every child starts as ``python -c <bootstrap> module args``, whose first statement removes the
+    ``''`` entry before anything else is imported (Python 3.8+; start-up files such as
+    ``sitecustomize`` are imported before that entry exists).  Pair it with :func:`safe_environment`,
+    which drops the relative ``PYTHONPATH`` entries the interpreter would resolve against the working
+    directory.  This interpreter by default.
+    """
+    return [python or sys.executable, "-c", _RUN_MODULE, module] + [str(a) for a in args]
+
+
+def python_code(code, python=None):
+    """``[python, "-c", code]`` without the working directory on ``sys.path`` (see :func:`python_command`)."""
+    return [python or sys.executable, "-c", _SAFE_PATH_PREFIX + code]
+
+
+def safe_environment(env=None):
+    """A copy of ``env`` (default ``os.environ``) for a child interpreter: ``PYTHONPATH`` keeps only its
+    absolute entries, and ``PYTHONSAFEPATH=1``.
+
+    An empty or relative ``PYTHONPATH`` entry names a directory relative to the working directory (the
+    interpreter turns it into an absolute path at start-up, so the child cannot tell it apart later).
+    ``PYTHONSAFEPATH`` (Python 3.11+; ignored before) keeps the working directory off the path of any
+    Python the child starts in turn.
+    """
+    child_env = dict(os.environ if env is None else env)
+    entries = [entry for entry in child_env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(entry)]
+    if entries:
+        child_env["PYTHONPATH"] = os.pathsep.join(entries)
+    else:
+        child_env.pop("PYTHONPATH", None)
+    child_env["PYTHONSAFEPATH"] = "1"
+    return child_env
 
 
 def run_child(argv, timeout, env=None, cwd=None, marker=RESULT_MARK, result_file=None, on_line=None):

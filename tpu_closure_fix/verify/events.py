@@ -100,7 +100,7 @@ def child_main():
 def run_event_check(timeout=300, env=None):
     """Run the self-test in a child process of this interpreter (see the module docstring)."""
     run = _child.run_child(_child.python_command("tpu_closure_fix.verify.events", "--child"), timeout,
-                           env=dict(os.environ, **(env or {})))
+                           env=_child.safe_environment(dict(os.environ, **(env or {}))))
     if run.payload is None:
         return {"ok": False, "sites": [], "error": "self-test process %s" % run.error,
                 "stderr_tail": run.stderr_tail(1500)}

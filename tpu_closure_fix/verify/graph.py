@@ -69,7 +69,7 @@ def graph_check_available(python=None, timeout=60):
     code = "import importlib.util, json; print(%r + json.dumps(importlib.util.find_spec('torch_xla') is not None))" \
         % _child.RESULT_MARK
     try:
-        run = _child.run_child([python, "-c", code], timeout)
+        run = _child.run_child(_child.python_code(code, python=python), timeout, env=_child.safe_environment())
     except OSError:
         return False
     return run.payload is True
@@ -115,11 +115,11 @@ def run_graph_check(timeout=600.0, python=None, replicas=2, mode="shim", env=Non
     if replicas < 2:
         raise ValueError("replicas must be at least 2 (the all-reduce is a no-op with fewer), got %r" % replicas)
     python = python or sys.executable
-    argv = [python, "-m", "tpu_closure_fix.verify.graph", "--child", "--mode", mode]
+    argv = _child.python_command("tpu_closure_fix.verify.graph", "--child", "--mode", mode, python=python)
     if verdicts:
         argv += ["--verdicts", ",".join(verdicts)]
-    with _child.only_this_package_on_path(child_environment(replicas, mode, timeout, env)) as (child_env, folder):
-        # working directory = the private folder: ``-m`` puts it first on sys.path
+    environment = _child.safe_environment(child_environment(replicas, mode, timeout, env))
+    with _child.only_this_package_on_path(environment) as (child_env, folder):
         run = _child.run_child(argv, timeout, env=child_env, cwd=folder)
     result = {"ok": False, "error": None, "mode": mode, "replicas": replicas, "python": python, "sites": {},
               "seconds": run.seconds}

@@ -91,12 +91,12 @@ def _run_replicas(args, shim, out, bar):
     """Run the replicas of one run (hard timeout), follow rank 0's progress lines, return rank -> result.
 
     Each replica's stderr is kept in ``<out>/logs/shim<0|1>-rank<N>.log``."""
-    from ...verify.child import python_command, run_children
+    from ...verify.child import python_command, run_children, safe_environment
 
     port = _free_port()
     logs = os.path.join(out, "logs")
     os.makedirs(logs, exist_ok=True)
-    env = dict(os.environ)
+    env = safe_environment()
     env.update({"TPU_CLOSURE_FIX": "1" if shim else "0", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
                 "PYTHONUNBUFFERED": "1"})
     configs = [{"rank": rank, "world": args.replicas, "port": port, "epochs": args.epochs, "batch": args.batch_size,

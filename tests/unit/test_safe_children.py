@@ -1,0 +1,78 @@
+"""Every Python the tool starts searches neither the working directory nor a relative path.
+
+``tpu-closure-fix check`` is run from a shared directory (like ``cd /tmp``) in which the second local user
+planted ``torch.py``, ``tpu_closure_fix.py``, ``json.py`` and ``runpy.py``: none of them may run (each
+would append its name to a marker file).  The parent is started as the console script is (its own
+directory, never the working directory, on ``sys.path``); its self-test child is what is under test.
+The twin starts that child the way check started it before (``python -m``): the planted files run.
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from support.local_users import plant_markers, ran, second_user, shared_directory
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PLANTED = ("torch", "tpu_closure_fix", "json", "runpy")
+
+
+@pytest.fixture
+def planted():
+    shared = shared_directory()
+    marker = os.path.join(shared, "ran.txt")
+    plant_markers(shared, PLANTED, marker)
+    yield shared, marker
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+def environment(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TPU_CLOSURE_FIX", "PYTHONSAFEPATH")}
+    env["PYTHONPATH"] = REPO
+    env.update(extra)
+    return env
+
+
+def tool(tmp_path, *args, pythonpath_for_children=None):
+    """``tpu-closure-fix ARGS`` of this checkout, started as the console script is: a script file in its own
+    directory, which Python puts first on ``sys.path`` (never the working directory).
+
+    ``pythonpath_for_children``: the PYTHONPATH the tool's children inherit, set once the tool has started
+    (the tool itself never searches it)."""
+    script = tmp_path / "tpu-closure-fix"
+    script.write_text("import os, sys\nsys.path.insert(0, %r)\n%sfrom tpu_closure_fix.cli import main\n"
+                      "sys.exit(main(%r))\n" % (REPO, "" if pythonpath_for_children is None else
+                                               "os.environ['PYTHONPATH'] = %r\n" % pythonpath_for_children,
+                                               list(args)))
+    return [sys.executable, str(script)]
+
+
+@second_user
+def test_check_never_runs_a_module_planted_in_the_working_directory(planted, tmp_path):
+    shared, marker = planted
+    proc = subprocess.run(tool(tmp_path, "check", "--timeout", "300"), cwd=shared, env=environment(), capture_output=True,
+                          text=True, timeout=400)
+    assert ran(marker) == [], "check ran the planted %s" % ran(marker)
+    # the self-test really ran (it imported the real torch): an outcome line, not a crash
+    assert proc.returncode in (0, 1, 3) and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "Event-order self-test" in proc.stdout and "self-test process" not in proc.stdout, proc.stdout
+
+
+@second_user
+def test_a_relative_pythonpath_entry_is_not_searched_by_the_self_test(planted, tmp_path):
+    """``PYTHONPATH=.`` (or an entry split off at a colon) would name the working directory again."""
+    shared, marker = planted
+    proc = subprocess.run(tool(tmp_path, "check", "--no-graph", "--timeout", "300",
+                               pythonpath_for_children=REPO + os.pathsep + "."),
+                          cwd=shared, capture_output=True, text=True, timeout=400, env=environment())
+    assert ran(marker) == [] and "Event-order self-test" in proc.stdout, (ran(marker), proc.stderr[-2000:])
+
+
+@second_user
+def test_the_self_test_child_started_with_dash_m_runs_them_twin(planted):
+    shared, marker = planted
+    subprocess.run([sys.executable, "-m", "tpu_closure_fix.verify.events", "--child"], cwd=shared,
+                   env=environment(), capture_output=True, text=True, timeout=300)
+    assert ran(marker) == ["tpu_closure_fix"]
