@@ -32,14 +32,26 @@ once and nested launchers never chain into each other.
 What defeats it: ``python -S`` (no sitecustomize at all), ``python -E`` and
 ``python -I`` (``PYTHONPATH`` is ignored), and commands that clear or filter
 the environment before starting Python (``env -i``, ``sudo``). ``run`` warns on
-stderr when the command is a Python interpreter given ``-S``, ``-E`` or ``-I``;
-there, only the ``.pth`` (``-E``/``-I``) or ``import tpu_closure_fix`` in the
-script patches. ``TPU_CLOSURE_FIX=0`` still disables everything.
+stderr when the command is a Python interpreter given ``-S``, ``-E`` or ``-I``
+-- directly, behind ``env`` (``env python -E``, ``env -S "python -E"``) or in
+the ``#!`` line of a script -- and when ``env -i`` / ``env -u PYTHONPATH``
+drops ``PYTHONPATH``; there, only the ``.pth`` (``-E``/``-I``) or
+``import tpu_closure_fix`` in the script patches. A wrapper script that adds
+such a flag itself is not seen. ``TPU_CLOSURE_FIX=0`` still disables everything.
+
+An installation whose bootstrap directory cannot be one ``PYTHONPATH`` entry
+(its path holds ``os.pathsep``, ``:``) is refused with exit status 2: Python
+would split it and search the pieces relative to the working directory. A
+command that cannot be started exits 127 when it does not exist and 126 when
+it exists but cannot be run, as in a shell.
 """
 import os
 import re
+import shutil
 import stat
 import sys
+
+from .config import quote_value
 
 #: Set in the command's environment to the bootstrap directory in use (information for reports and tests).
 BOOTSTRAP_ENV = "TPU_CLOSURE_FIX_BOOTSTRAP"
@@ -110,10 +122,31 @@ def _checked_paths(package, directory):
     return paths
 
 
+def _pythonpath_problem(directory):
+    """Why ``directory`` cannot be one ``PYTHONPATH`` entry (None if it can).
+
+    Python splits ``PYTHONPATH`` at every ``os.pathsep``: installed under ``/opt/co:lon``, the entry
+    ``/opt/co:lon/tpu_closure_fix/_bootstrap`` becomes ``/opt/co`` and ``lon/tpu_closure_fix/_bootstrap``,
+    a path relative to the working directory, where another user may have planted a sitecustomize.py.
+    A relative entry has the same problem on its own.
+    """
+    if os.pathsep in directory:
+        return "it holds %r, which separates PYTHONPATH entries: Python would split it and search the pieces, " \
+               "relative to the working directory" % os.pathsep
+    if not os.path.isabs(directory):
+        return "it is not an absolute path: Python would search it relative to the working directory"
+    return None
+
+
 def bootstrap_dir():
     """The verified directory that holds the shipped sitecustomize.py; raises :class:`BootstrapError`."""
     package = _package_dir()
     directory = os.path.join(package, BOOTSTRAP_DIRNAME)
+    problem = _pythonpath_problem(directory)
+    if problem:
+        raise BootstrapError("cannot put %s on PYTHONPATH: %s. Install tpu-closure-fix under a path without %r, "
+                             "or add `import tpu_closure_fix` to the script" % (
+                                 quote_value(directory, limit=300), problem, os.pathsep))
     reference = os.stat(os.path.realpath(__file__))
     for path, expected_type in _checked_paths(package, directory):
         problem = _problem(path, expected_type, reference)
@@ -140,6 +173,82 @@ def child_environment(environ=None):
         env["PYTHONPATH"] = directory + os.pathsep + current if current else directory
     env[BOOTSTRAP_ENV] = directory
     return env
+
+
+#: ``env`` options that take an argument (attached or the next word).
+_ENV_ARGUMENT = {"-u": "--unset", "-C": "--chdir", "-S": "--split-string"}
+
+
+def _env_option(words, index):
+    """``(name, argument, next index)`` of the ``env`` option at ``words[index]`` (argument None if it has none)."""
+    word = words[index]
+    for short, long in _ENV_ARGUMENT.items():
+        if word in (short, long):
+            return short, (words[index + 1] if index + 1 < len(words) else ""), index + 2
+        if word.startswith(long + "="):
+            return short, word.split("=", 1)[1], index + 1
+        if word.startswith(short) and not word.startswith("--"):
+            return short, word[len(short):], index + 1
+    return word, None, index + 1
+
+
+def _env_command(command):
+    """``(the command that `env [OPTION]... [NAME=VALUE]... COMMAND` runs, the env options that drop
+    PYTHONPATH)``; None when ``command`` is not ``env``."""
+    if not command or os.path.basename(command[0]) != "env":
+        return None
+    words, index, clearing = list(command[1:]), 0, []
+    while index < len(words) and words[index] != "--":
+        if not words[index].startswith("-"):
+            if "=" not in words[index]:
+                return words[index:], clearing
+            index += 1  # NAME=VALUE
+            continue
+        option, argument, index = _env_option(words, index)
+        if option in ("-i", "-", "--ignore-environment") or (option == "-u" and argument == "PYTHONPATH"):
+            clearing.append(option if argument is None else "%s %s" % (option, argument))
+        elif option == "-S":  # the split string's words come next
+            words[index:index] = argument.split()
+    return words[index + 1:], clearing
+
+
+def _shebang_command(command):
+    """``command`` as the kernel runs it when ``command[0]`` is a script with a ``#!`` line, else None."""
+    if not command:
+        return None
+    path = command[0] if os.sep in command[0] else shutil.which(command[0])
+    if not path or not os.path.isfile(path):  # never open a FIFO or a device: reading could block
+        return None
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode("latin-1").split()
+    return words + [path] + list(command[1:]) if words else None
+
+
+def effective_command(command, depth=4):
+    """``(command, via, clearing)``: the Python command ``command`` ends up running, seen through ``env``
+    and ``#!`` lines (``via``: how, for messages), and the ``env`` options that clear ``PYTHONPATH``."""
+    via, clearing = [], []
+    for _ in range(depth):
+        if not command or _PYTHON_NAME.match(os.path.basename(command[0])):
+            break
+        behind_env = _env_command(command)
+        if behind_env is not None:
+            command, cleared = behind_env
+            clearing.extend(cleared)
+            via.append("behind `env`")
+            continue
+        script = _shebang_command(command)
+        if script is None:
+            break
+        via.append("in the #! line of %s" % quote_value(command[0], limit=200))
+        command = script
+    return command, via, clearing
 
 
 def interpreter_flags(command):
@@ -171,22 +280,27 @@ def interpreter_flags(command):
 
 
 def defeat_warnings(command):
-    """One stderr line per option of a Python command that keeps the bootstrap from running."""
+    """One stderr line per option of a Python command that keeps the bootstrap from running: given directly,
+    behind ``env`` (``env python -E``, ``env -S "python -E"``), or in a script's ``#!`` line; and one per
+    ``env`` option that clears ``PYTHONPATH``."""
+    command, via, clearing = effective_command(command)
     found = interpreter_flags(command)
-    name = os.path.basename(command[0]) if command else ""
+    name = quote_value(os.path.basename(command[0]), limit=60)[1:-1] if command else ""
+    where = " (%s)" % ", ".join(via) if via else ""
     lines = []
     for letter in sorted(found & set(DEFEATING_FLAGS)):
         remedy = ("add `import tpu_closure_fix` at the top of the script" if letter == "S" else
                   "only tpu-closure-fix's .pth file in that interpreter's site-packages, or "
                   "`import tpu_closure_fix` in the script, patches it")
-        lines.append("tpu-closure-fix run: warning: `%s -%s` %s, so `run` cannot patch this command or its "
-                     "Python children; %s.\n" % (name, letter, DEFEATING_FLAGS[letter], remedy))
+        lines.append("tpu-closure-fix run: warning: `%s -%s`%s %s, so `run` cannot patch this command or its "
+                     "Python children; %s.\n" % (name, letter, where, DEFEATING_FLAGS[letter], remedy))
+    for option in clearing:
+        lines.append("tpu-closure-fix run: warning: `env %s` drops PYTHONPATH, so `run` cannot patch the command "
+                     "it starts; `import tpu_closure_fix` in the script patches it.\n" % option)
     return lines
 
 
 def _cmd_run(args):
-    from .config import quote_value
-
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -205,7 +319,16 @@ def _cmd_run(args):
         os.execvpe(command[0], command, env)
     except OSError as exc:
         sys.stderr.write("tpu-closure-fix run: cannot run %s: %s\n" % (quote_value(command[0]), exc.strerror or exc))
-        return 127
+        return _exec_failure_status(exc)
+
+
+def _exec_failure_status(exc):
+    """A shell's exit status for a command it could not run: 127 when the name leads to no file (not found,
+    a path through a non-directory, a name too long to exist), 126 when it found one it cannot run (a
+    directory, no execute permission, an unknown format)."""
+    import errno
+
+    return 127 if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG) else 126
 
 
 def sync_check_environment(args):

@@ -186,9 +186,9 @@ def test_file_planted_at_the_bootstrap_path_is_no_denial_of_service(bare_python,
 
 
 # ----------------------------------------------------------------------------------- the bootstrap check
-def package_copy(tmp_path):
+def package_copy(tmp_path, name="install"):
     """A second installation of this checkout (package and start-up module), owned by root, mode 755."""
-    root = tmp_path / "install"
+    root = tmp_path / name
     shutil.copytree(os.path.join(REPO, "tpu_closure_fix"), str(root / "tpu_closure_fix"),
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(os.path.join(REPO, "startup"), str(root / "startup"))
@@ -410,6 +410,93 @@ def test_huge_switch_value_warning_at_start_up():
     assert proc.returncode == 0
     assert len(proc.stderr) < 2000  # the launcher's process and the command's each warn once
     assert "TPUClosureFixWarning" in proc.stderr and "120000 characters" in proc.stderr
+
+
+# ----------------------------------------------------------------------------------- where the package is
+@second_user
+def test_an_installation_path_holding_the_separator_is_refused(bare_python, tmp_path, shared_tmp):
+    """Under ``.../co:lon``, the bootstrap entry would split into ``.../co`` and ``lon/...``, relative to the
+    working directory, where the second user planted a sitecustomize.py: refused before it can run."""
+    from support.local_users import plant
+
+    root = package_copy(tmp_path, "co%slon" % os.pathsep)
+    marker = os.path.join(shared_tmp, "pwned")
+    plant(os.path.join(shared_tmp, "lon", "tpu_closure_fix", "_bootstrap", "sitecustomize.py"),
+          EVIL_SITECUSTOMIZE % marker)
+    proc = run([bare_python, "-c", PROBE], root=root, cwd=shared_tmp)
+    assert not os.path.exists(marker), "run executed a sitecustomize.py of uid %d" % NOBODY
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr.startswith("tpu-closure-fix run: cannot put ") and "holds ':'" in proc.stderr, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_an_installation_path_without_the_separator_is_used_twin(bare_python, tmp_path):
+    root = package_copy(tmp_path, "co-lon")
+    out = report(run([bare_python, "-c", PROBE], root=root))
+    assert out["armed"] is True and out["pythonpath"] == bootstrap_of(root)
+
+
+def test_a_foreign_interpreter_gets_the_package_not_its_neighbours(bare_python, tmp_path):
+    """The fallback for an interpreter that cannot import the start-up module finds tpu-closure-fix (and its
+    runtime dependencies) in the installation by name: never another package installed next to it."""
+    root = package_copy(tmp_path)
+    with open(os.path.join(root, "neighbour.py"), "w") as handle:
+        handle.write("VALUE = 1\n")  # what a venv's site-packages also holds: torch, numpy ...
+    code = ("import importlib.util, json, sys\ntry:\n    import neighbour\n    found = True\nexcept ImportError:\n"
+            "    found = False\nprint(json.dumps({'neighbour': found, 'package': importlib.util.find_spec("
+            "'tpu_closure_fix').origin, 'startup': sys.modules['_tpu_closure_fix_startup'].__file__}))\n")
+    out = report(run([bare_python, "-c", code], root=root, cwd=str(tmp_path)))
+    assert out["neighbour"] is False
+    assert out["package"] == os.path.join(root, "tpu_closure_fix", "__init__.py")
+    assert out["startup"] == os.path.join(root, "startup", "_tpu_closure_fix_startup.py")
+    direct_path = subprocess.run([bare_python, "-c", "import neighbour"], env=environment(pythonpath=root),
+                                 capture_output=True, timeout=60, cwd=str(tmp_path))
+    assert direct_path.returncode == 0  # the twin: on the path, the neighbour imports
+
+
+# ----------------------------------------------------------------------------------- exit codes like a shell
+def test_a_directory_exits_126_and_a_missing_command_127(tmp_path):
+    (tmp_path / "some-dir").mkdir()
+    (tmp_path / "not-executable").write_text("echo hi\n")
+    for command, code in ((["./some-dir"], 126), (["./not-executable"], 126), (["./missing"], 127),
+                          (["tpu-closure-fix-no-such-command"], 127)):
+        proc = run(command, cwd=str(tmp_path))
+        assert proc.returncode == code and proc.stderr.startswith("tpu-closure-fix run: cannot run "), (command,
+                                                                                                        proc.stderr)
+        shell = subprocess.run(["/bin/sh", "-c", 'exec "$@"', "sh"] + command, cwd=str(tmp_path),
+                               capture_output=True, timeout=60)
+        assert shell.returncode == code, command  # what a shell gives
+
+
+# ----------------------------------------------------------------------------------- flags behind env and #!
+def script(tmp_path, shebang):
+    path = tmp_path / "train"
+    path.write_text("#!%s\n%s" % (shebang, PROBE))
+    path.chmod(0o755)
+    return str(path)
+
+
+@pytest.mark.parametrize("how", ["env", "env -S", "#!", "#!env -S"])
+def test_a_defeating_flag_behind_env_or_in_a_shebang_is_reported(bare_python, tmp_path, how):
+    command = {"env": ["env", bare_python, "-E", "-c", PROBE],
+               "env -S": ["env", "-S", bare_python + " -I", "-c", PROBE],
+               "#!": [script(tmp_path, bare_python + " -E")],
+               "#!env -S": [script(tmp_path, "/usr/bin/env -S %s -E" % bare_python)]}[how]
+    proc = run(command)
+    assert report(proc)["armed"] is False  # what the warning says is true
+    assert "cannot patch" in proc.stderr and ("behind `env`" in proc.stderr or "#! line" in proc.stderr), proc.stderr
+
+
+@pytest.mark.parametrize("how", ["env", "#!"])
+def test_no_flag_behind_env_or_in_a_shebang_arms_without_a_warning_twin(bare_python, tmp_path, how):
+    command = ["env", "A=1", bare_python, "-c", PROBE] if how == "env" else [script(tmp_path, bare_python)]
+    proc = run(command)
+    assert report(proc)["armed"] is True and "warning" not in proc.stderr, proc.stderr
+
+
+def test_env_clearing_pythonpath_is_reported(bare_python):
+    proc = run(["env", "-u", "PYTHONPATH", bare_python, "-c", PROBE])
+    assert report(proc)["armed"] is False and "`env -u PYTHONPATH` drops PYTHONPATH" in proc.stderr
 
 
 def test_huge_command_name_is_quoted_short():

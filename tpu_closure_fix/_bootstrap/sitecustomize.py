@@ -15,8 +15,9 @@ directories on that list, so the chain always moves forward and ends; the
 user's own sitecustomize runs exactly once.
 
 Nothing here writes anything, and it reads only this file's own directory and
-its package's parent (to find the start-up module when the interpreter cannot
-import it, e.g. a different Python than the one that ran ``run``).
+its package's parent (to find the start-up module, the package and its runtime
+dependencies -- by name, nothing else -- when the interpreter cannot import the
+start-up module, e.g. a different Python than the one that ran ``run``).
 """
 import os as _os
 import sys as _sys
@@ -25,16 +26,38 @@ import sys as _sys
 _STATE_KEY = "_tpu_closure_fix_bootstrap_state"
 
 
+class _TpuClosureFixInstallation(object):
+    """A ``sys.meta_path`` finder, last in line, for the installation this file belongs to: it finds
+    the start-up module, ``tpu_closure_fix`` and its runtime dependencies there, and nothing else.
+
+    Used when the interpreter cannot import the start-up module itself (``run -- /other/python``, a
+    source checkout).  Appending the whole installation directory to ``sys.path`` would also hand
+    that interpreter every other package installed there (another venv's torch).  Submodules are
+    found through their package's ``__path__``; the interpreter's own copies come first.
+    """
+
+    NAMES = frozenset(("_tpu_closure_fix_startup", "tpu_closure_fix", "wrapt", "packaging"))
+
+    def __init__(self, directories):
+        self.directories = directories
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in self.NAMES:
+            return None
+        import importlib.machinery
+
+        return importlib.machinery.PathFinder.find_spec(fullname, self.directories)
+
+
 def _tpu_closure_fix_arm(here):
     try:
         import _tpu_closure_fix_startup
     except ImportError:
-        # Not installed in this interpreter's path (e.g. `run -- /other/python ...`, or a source
-        # checkout): fall back to the installation this file belongs to, after everything else.
+        # Not installed in this interpreter's path: this installation's copy, found by name only.
         package_root = _os.path.dirname(_os.path.dirname(here))
-        for extra in (package_root, _os.path.join(package_root, "startup")):
-            if _os.path.isdir(extra) and extra not in _sys.path:
-                _sys.path.append(extra)
+        directories = [extra for extra in (package_root, _os.path.join(package_root, "startup"))
+                       if _os.path.isdir(extra)]
+        _sys.meta_path.append(_TpuClosureFixInstallation(directories))
         try:
             import _tpu_closure_fix_startup
         except ImportError:
