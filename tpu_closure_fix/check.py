@@ -16,9 +16,10 @@ exit code and a one-line reason (:func:`decide`):
   yet is named in the reason as having no self-test);
 * ``unprotected`` (1): a site runs the buggy code, or a self-test saw the buggy order; the reason
   names the site and why;
-* ``could not verify`` (3): a self-test could not run (or nothing is installed to test); the reason
-  names what failed, with its exception line, and what to do.  Never reported as unprotected: a
-  failing check says nothing about the training code.
+* ``could not verify`` (3): a self-test could not run, an installed call-site module (torch_xla, a
+  framework) cannot be imported, or nothing is installed to test; the reason names what failed, with
+  its exception line, and what to do.  Never reported as unprotected: a failing check says nothing
+  about the training code, and code that cannot be imported runs no order at all.
 """
 import json
 import os
