@@ -7,7 +7,8 @@ delegated to gloo), since torch_xla is importable there with world size 2.
 
 * Without the shim (TPU_CLOSURE_FIX=0), where the release is affected: every check reports divergence
   and warns, naming the step, the worst parameter and the divergence.
-* With the shim: every check runs and finds the replicas bitwise identical (divergence exactly 0); no warning.
+* With the shim: every check runs and finds the replicas bitwise identical (outcome "identical",
+  divergence exactly 0); no warning.
 * One device: nothing to compare, no check runs.
 """
 import os
@@ -72,13 +73,13 @@ def test_fires_without_the_shim(runs):
             continue
         for rank in (0, 1):
             result = _sync(runs, False, rank, s["name"])
-            assert all(r["diverged"] for r in result["reports"]), result
+            assert all(r["diverged"] and r["outcome"] == "differ" for r in result["reports"]), result
             assert all(r["max_divergence"] > r["tolerance"] for r in result["reports"])
             assert len(result["warnings"]) == len(result["reports"])
             first = result["warnings"][0]
             worst = result["reports"][0]["worst_parameter"]
             assert "step %d" % EVERY in first and repr(worst) in first and "divergence" in first, first
-            assert "tpu-closure-fix" in first
+            assert "tpu-closure-fix" in first and "missing or misplaced gradient reduction?" in first
         # MAX all-reduce: every replica reaches the same verdict, so a "raise" stops them all together.
         assert (_sync(runs, False, 0, s["name"])["reports"] == _sync(runs, False, 1, s["name"])["reports"])
 
@@ -88,7 +89,8 @@ def test_silent_with_the_shim(runs):
         for rank in (0, 1):
             result = _sync(runs, True, rank, s["name"])
             assert result["reports"] and not result["warnings"], result
-            assert all(not r["diverged"] and r["max_divergence"] == 0.0 for r in result["reports"])
+            assert all(r["outcome"] == "identical" and not r["diverged"] and r["max_divergence"] == 0.0
+                       for r in result["reports"])
 
 
 def test_does_nothing_on_a_single_device(tmp_path):

@@ -203,3 +203,48 @@ def test_an_unreduced_vector_reads_as_identical_replicas():
     assert report.outcome == "identical" and not report.diverged and report.max_divergence == 0.0
     failed = synccheck._verdict(5, 2, "test", named, fingerprint.failed_vector().tolist(), 0.0, None)
     assert failed.outcome == "unverified" and "another replica could not fingerprint" in failed.message()
+
+
+def _report(outcome, **fields):
+    names = ["a.weight", "b.bias"]
+    return synccheck.SyncReport(9, 2, "test", names, [0.0, 0.0], [0.0, 0.0], 1e-6, outcome=outcome, **fields)
+
+
+def test_agreeing_nonfinite_replicas_warn_but_never_raise_nor_call_back():
+    import warnings
+
+    from tpu_closure_fix.config import TPUClosureFixWarning
+
+    called = []
+    report = _report("nonfinite", differing=[], nonfinite=[0])
+    assert not report.diverged
+    for mode in ("raise", called.append):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            synccheck._act(report, mode)
+        assert [w.category for w in seen] == [TPUClosureFixWarning] and "not a divergence" in str(seen[0].message)
+    assert called == []
+
+
+def test_an_unverified_check_warns_once_per_reason_and_never_raises():
+    import warnings
+
+    report = _report("unverified", differing=[], reason="test reason %d" % id(object()))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        synccheck._act(report, "raise")
+        synccheck._act(report, "raise")
+    assert len(seen) == 1 and "could not compare" in str(seen[0].message)
+
+
+def test_a_structure_mismatch_raises_with_raise():
+    report = _report("structure", differing=[], structure="the number of parameter tensors differs")
+    assert report.diverged
+    with pytest.raises(synccheck.ReplicaDivergenceError, match="different models") as info:
+        synccheck._act(report, "raise")
+    assert info.value.report is report
+
+
+def test_an_unknown_outcome_is_refused():
+    with pytest.raises(ValueError, match="outcome must be one of identical, differ"):
+        _report("diverged")
