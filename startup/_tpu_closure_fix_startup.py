@@ -96,7 +96,8 @@ def on_watched_import(module):
 
 
 def _disabled_by_environment():
-    """TPU_CLOSURE_FIX is off and the zero-code sync check is not asked for (it is armed with the fix off too)."""
+    # TPU_CLOSURE_FIX is off and the zero-code sync check is not asked for (armed with the fix off too).
+    # A comment, not a docstring: a docstring is unmarshalled at every interpreter start.
     import os  # a local name, never a global: see the module docstring
 
     environ = os.environ
