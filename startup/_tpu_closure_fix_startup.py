@@ -58,8 +58,7 @@ def find_spec(fullname, path=None, target=None):
 def install():
     """Arm the watcher: put this module first on ``sys.meta_path`` (idempotent).
 
-    Does nothing under ``TPU_CLOSURE_FIX=0`` (unless ``TPU_CLOSURE_FIX_SYNC_CHECK`` asks for the check)
-    or when the shim is active already;
+    Does nothing under ``TPU_CLOSURE_FIX=0`` or when the shim is active already;
     activates at once when a watched package is already imported (a late call).
     A copy of this file executed outside the import system (not in
     ``sys.modules``) has no module object to arm and does nothing.
@@ -70,7 +69,7 @@ def install():
     for finder in sys.meta_path:
         if finder is watcher:
             return
-    if _disabled_by_environment():
+    if _disabled_by_environment():  # TPU_CLOSURE_FIX=0 without TPU_CLOSURE_FIX_SYNC_CHECK
         return
     if any(name in sys.modules for name in WATCHED_PACKAGES):
         _activate()
