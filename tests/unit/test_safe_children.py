@@ -76,3 +76,23 @@ def test_the_self_test_child_started_with_dash_m_runs_them_twin(planted):
     subprocess.run([sys.executable, "-m", "tpu_closure_fix.verify.events", "--child"], cwd=shared,
                    env=environment(), capture_output=True, text=True, timeout=300)
     assert ran(marker) == ["tpu_closure_fix"]
+
+
+@pytest.fixture(scope="module")
+def other_python(tmp_path_factory):
+    """Another interpreter (a venv with nothing installed), as given to ``check --xla-python``."""
+    root = tmp_path_factory.mktemp("other")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=120)
+    return str(root / "venv" / "bin" / "python")
+
+
+@second_user
+def test_the_xla_python_probe_never_runs_a_module_planted_in_the_working_directory(planted, tmp_path,
+                                                                                    other_python):
+    """``--xla-python``: a child of that interpreter asks whether it can import torch_xla (it cannot here)."""
+    shared, marker = planted
+    proc = subprocess.run(tool(tmp_path, "check", "--xla-python", other_python, "--timeout", "300"), cwd=shared,
+                          env=environment(), capture_output=True, text=True, timeout=400)
+    assert ran(marker) == [], "the probe ran the planted %s" % ran(marker)
+    assert proc.returncode == 3 and "--xla-python %s cannot import torch_xla" % other_python in proc.stdout, \
+        proc.stdout[-2000:] + proc.stderr[-2000:]
