@@ -101,9 +101,10 @@ def _disabled_by_environment():
 
     environ = os.environ
     # ASCII whitespace and ASCII case only, as tpu_closure_fix.config: the same value under every locale
-    switch = environ.get("TPU_CLOSURE_FIX", "").strip(" \t\n\r\x0b\x0c")
+    ascii_whitespace = " \t\n\r\x0b\x0c"
+    switch = environ.get("TPU_CLOSURE_FIX", "").strip(ascii_whitespace)
     return (switch.isascii() and switch.lower() in OFF_VALUES
-            and environ.get(SYNC_CHECK_VAR, "").strip() in ("", "0"))
+            and environ.get(SYNC_CHECK_VAR, "").strip(ascii_whitespace) in ("", "0"))
 
 
 def _activate():

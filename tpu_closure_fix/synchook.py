@@ -39,7 +39,7 @@ import sys
 import warnings
 import weakref
 
-from .config import SYNC_CHECK_VAR, TPUClosureFixWarning, quote_value
+from .config import ASCII_WHITESPACE, SYNC_CHECK_VAR, TPUClosureFixWarning, quote_value
 
 ON_DIVERGENCE_VAR = SYNC_CHECK_VAR + "_ON_DIVERGENCE"
 ACTIONS = ("warn", "raise")
@@ -69,7 +69,7 @@ def parse_every(raw):
 
     Accepted: ASCII digits only (surrounding white space ignored). Anything else gives every 0 and a
     message naming the variable and the accepted values."""
-    value = "" if raw is None else raw.strip()
+    value = "" if raw is None else raw.strip(ASCII_WHITESPACE)
     if value == "":
         return 0, None
     if len(value) <= MAX_DIGITS and value.isascii() and value.isdigit():
@@ -81,7 +81,7 @@ def parse_every(raw):
 
 def parse_action(raw):
     """(action, problem) for a raw value of TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE: unset/empty -> warn."""
-    value = "" if raw is None else raw.strip()
+    value = "" if raw is None else raw.strip(ASCII_WHITESPACE)
     if value == "":
         return DEFAULT_ACTION, None
     if value.isascii() and value.lower() in ACTIONS:

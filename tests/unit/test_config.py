@@ -121,3 +121,20 @@ def test_startup_module_parses_like_the_package(raw, monkeypatch):
                                        ("0\u2003", "'0\\u2003'"), ("", "''"), ("a b", "'a b'")])
 def test_values_are_shown_ascii_escaped_on_one_line(raw, shown):
     assert config.show_value(raw) == shown
+
+
+@pytest.mark.parametrize("raw, every, bad", [
+    ("\u2003", 0, True), ("5\u2003", 0, True), ("\u00a00", 0, True), ("0\udce2\udc80\udc83", 0, True),
+    (" 7\n", 7, False), ("\t", 0, False), (" 0 ", 0, False)])
+def test_sync_check_variable_parses_the_same_under_every_locale(raw, every, bad, monkeypatch):
+    """TPU_CLOSURE_FIX_SYNC_CHECK: only ASCII whitespace is ignored, in the package and the start-up module:
+    a Unicode space is a bad value, not 'unset', whatever the locale decodes it to."""
+    from tpu_closure_fix import synchook
+
+    parsed, problem = synchook.parse_every(raw)
+    assert (parsed, problem is not None) == (every, bad)
+    startup = load_startup()
+    monkeypatch.setenv("TPU_CLOSURE_FIX", "0")
+    monkeypatch.setenv(config.SYNC_CHECK_VAR, raw)
+    # the start-up module stays idle only when the sync check is plainly off (unset, empty, 0)
+    assert startup._disabled_by_environment() is (every == 0 and not bad)
