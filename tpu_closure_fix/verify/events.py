@@ -22,9 +22,28 @@ import sys
 
 from . import child as _child
 
-__all__ = ["run_event_check", "verdict"]
+__all__ = ["run_event_check", "verdict", "record_each_step"]
 
 _EVENTS = []
+
+
+def record_each_step(optimizer, events):
+    """Append ``"step"`` to ``events`` after every ``optimizer.step(...)`` (for the drivers).
+
+    torch >= 2.0: a step post-hook. torch 1.x (the torch of the affected Lightning releases) has no
+    ``register_step_post_hook``: the instance's ``step`` is wrapped instead, called the same way."""
+    register = getattr(optimizer, "register_step_post_hook", None)
+    if register is not None:
+        register(lambda *args: events.append("step"))
+        return
+    step = optimizer.step
+
+    def step_then_record(*args, **kwargs):
+        result = step(*args, **kwargs)
+        events.append("step")
+        return result
+
+    optimizer.step = step_then_record
 
 
 def _record(name, **info):

@@ -25,6 +25,8 @@ Entry points (the interface every integration's ``verify.py`` provides):
 import types
 from functools import partial
 
+from ...verify.events import record_each_step
+
 
 def _is_xla_shape(row):
     """Rows from 0.28 on: the pre-step all_reduce on DistributedType.XLA (no xm.optimizer_step)."""
@@ -90,7 +92,7 @@ def event_step(target, torch, xm, events):
     model = torch.nn.Linear(3, 1)
     x, y = torch.randn(4, 3), torch.randn(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    optimizer.register_step_post_hook(lambda *a: events.append("step"))
+    record_each_step(optimizer, events)
     accelerated = accelerated_optimizer(target, optimizer)
 
     def closure():

@@ -34,6 +34,8 @@ import importlib
 import inspect
 from functools import partial
 
+from ...verify.events import record_each_step
+
 ACCELERATOR, TRAINER, FABRIC = "accelerator", "trainer", "fabric"
 
 
@@ -84,7 +86,7 @@ def _tiny(torch):
 
 def _recording_sgd(torch, params, events):
     opt = torch.optim.SGD(params, lr=0.1)
-    opt.register_step_post_hook(lambda *a: events.append("step"))
+    record_each_step(opt, events)
     return opt
 
 

@@ -9,6 +9,7 @@ function when the shim is off). The step is a plain PyTorch loop's: a closure th
 Entry points (the interface every integration's ``verify.py`` provides): :func:`event_step`,
 :func:`graph_step`, :func:`reference_fix`.
 """
+from ...verify.events import record_each_step
 
 
 def _step_function(target):
@@ -23,7 +24,7 @@ def event_step(target, torch, xm, events):
     model = torch.nn.Linear(3, 1)
     x, y = torch.randn(4, 3), torch.randn(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    optimizer.register_step_post_hook(lambda *args: events.append("step"))
+    record_each_step(optimizer, events)
 
     def closure():
         optimizer.zero_grad()
