@@ -48,7 +48,7 @@ TEST_TOOLS = ("pytest", "hypothesis", "wrapt", "packaging")
 PLANS = {
     "3.8": {"torch": "torch==1.12.1", "extra": (),
             "targets": (("pytorch-lightning==1.8.6",
-                         ("test_activation.py", "test_event_order.py", "test_replicas.py")),)},
+                         ("test_activation.py", "test_event_order.py", "test_replicas.py", "test_check.py")),)},
     "3.9": {"torch": None, "extra": (), "targets": ()},
     "3.10": {"torch": None, "extra": (), "targets": ()},
     "3.11": {"torch": "torch==2.13.0", "extra": (), "targets": ()},
