@@ -224,11 +224,17 @@ def run(args):
         return outcome.exit_code
     print(report.render_table(records))
     print()
-    print("\n".join(render_events(events)))
+    print(_ascii("\n".join(render_events(events))))
     print()
-    print("\n".join(render_graph(graph, graph_unavailable)))
-    print("\n" + outcome.reason)
+    print(_ascii("\n".join(render_graph(graph, graph_unavailable))))
+    print(_ascii("\n" + outcome.reason))
     return outcome.exit_code
+
+
+def _ascii(text):
+    """``text`` with every non-ASCII character escaped: exception lines of the children may hold any text, and
+    the report must print on an ASCII stdout too."""
+    return text.encode("ascii", "backslashreplace").decode("ascii")
 
 
 def render_events(events):

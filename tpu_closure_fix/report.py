@@ -121,6 +121,15 @@ def unprotected(records):
     return [r for r in records if r["verdict"] in engine.UNPROTECTED]
 
 
+def _cell(value):
+    """A table cell as printable ASCII on one line: a value read from the environment (a release string, an
+    exception message, a path) may hold a line break or a character an ASCII stdout cannot encode."""
+    text = str(value)
+    if text.isascii() and text.isprintable():
+        return text
+    return ascii(text)[1:-1]
+
+
 def render_table(records, show_all=False):
     rows = [r for r in records if show_all or r["verdict"] not in (engine.NOT_INSTALLED, engine.ABSENT)]
     if not rows:
@@ -129,7 +138,8 @@ def render_table(records, show_all=False):
     table = [header]
     for r in rows:
         verdict = r["verdict"] + (" (%s)" % r["reason"] if r["reason"] else "")
-        table.append((r["distribution"] or "-", r["release"] or "-", "%s:%s" % (r["module"], r["method"]), verdict))
+        table.append(tuple(_cell(cell) for cell in (r["distribution"] or "-", r["release"] or "-",
+                                                    "%s:%s" % (r["module"], r["method"]), verdict)))
     widths = [max(len(str(row[i])) for row in table[:]) for i in range(3)]
     lines = []
     for i, row in enumerate(table):

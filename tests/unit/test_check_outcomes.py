@@ -253,3 +253,36 @@ def test_check_with_a_torch_xla_that_cannot_be_imported_exits_3_naming_the_error
     assert proc.stdout.rstrip().splitlines()[-1].startswith(
         "COULD NOT VERIFY: torch_xla.core.xla_model:optimizer_step cannot be imported (import failed: ImportError: "
         "libtpu.so: cannot open shared object file)"), proc.stdout
+
+
+def test_status_table_rows_are_printable_ascii_one_line_each():
+    """A reason or release holding a line break or non-ASCII text (read from the environment) never splits
+    a row and never makes an ASCII stdout raise: each cell is ASCII-escaped."""
+    from tpu_closure_fix import report
+
+    records = [dict(record(XLA_SITE, "failed", "import failed: ImportError: caf\u00e9\nsecond line"),
+                    distribution="torch-xla", release="2.1\u2003"),
+               dict(record(FABRIC, "patched"), distribution="lightning-fabric", release="2.6.6")]
+    lines = report.render_table(records).splitlines()
+    assert len(lines) == 4, lines  # header, rule, one line per record
+    assert all(line.isascii() and line.isprintable() for line in lines), lines
+    assert lines[2].endswith("failed (import failed: ImportError: caf\\xe9\\nsecond line)") and "2.1\\u2003" in lines[2]
+    assert lines[3].endswith("  patched") and "2.6.6" in lines[3]  # a plain row is unchanged
+
+
+def test_check_text_output_prints_on_an_ascii_stdout(tmp_path):
+    """A child's exception line with non-ASCII text (a torch_xla import error naming a path) is escaped."""
+    import os
+    import subprocess
+    import sys
+
+    broken = tmp_path / "site" / "torch_xla"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('/opt/caf\\u00e9/libtpu.so: cannot open')\n")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {k: v for k, v in os.environ.items() if k not in ("TPU_CLOSURE_FIX", "PYTHONPATH")}
+    env.update(PYTHONPATH=os.pathsep.join([repo, str(tmp_path / "site")]), PYTHONIOENCODING="ascii")
+    proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", "check", "--timeout", "300"], env=env,
+                          capture_output=True, timeout=400, cwd=str(tmp_path))
+    assert proc.returncode == 3 and b"Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert b"caf\\xe9" in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
