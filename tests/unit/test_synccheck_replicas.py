@@ -11,10 +11,11 @@ import os
 import sys
 
 import pytest
-import torch
 
-from support import ports, synccheck_corpus
-from tpu_closure_fix import fingerprint, synccheck
+torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
+
+from support import ports, synccheck_corpus  # noqa: E402  (after the skip: needs torch)
+from tpu_closure_fix import fingerprint, synccheck  # noqa: E402  (after the skip: needs torch)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)

@@ -14,11 +14,12 @@ import sysconfig
 import warnings
 
 import pytest
-import torch
 
-from support import ports
-from tpu_closure_fix import config, synccheck, synchook
-from tpu_closure_fix.config import TPUClosureFixWarning
+torch = pytest.importorskip("torch", reason="SyncCheck hooks torch optimizers: no torch here")
+
+from support import ports  # noqa: E402  (after the skip: needs torch)
+from tpu_closure_fix import config, synccheck, synchook  # noqa: E402  (after the skip: needs torch)
+from tpu_closure_fix.config import TPUClosureFixWarning  # noqa: E402  (after the skip: needs torch)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join(REPO, "tests")
