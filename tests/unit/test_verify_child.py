@@ -156,7 +156,8 @@ def test_plain_dash_m_runs_the_planted_modules_twin(planted_workdir):
     work, lib, ran = planted_workdir
     subprocess.run([sys.executable, "-m", "probemod"], cwd=str(work), capture_output=True, text=True,
                    env=dict(os.environ, PYTHONPATH=lib), timeout=60)
-    assert ran.read_text().split() == ["__main__"]  # the working directory's probemod ran, not lib's
+    # the working directory's probemod ran, not lib's (Python < 3.9 even imports runpy from there first)
+    assert ran.read_text().split() in (["__main__"], ["runpy"])
 
 
 def test_python_code_never_imports_from_the_working_directory(planted_workdir):
