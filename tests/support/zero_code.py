@@ -4,8 +4,8 @@ Run as a process (``python -m support.zero_code --scenarios JSON ...``, ``tests`
 replica, joined by ``torch.distributed`` over gloo. The training itself is the harness's: the
 Lightning Trainer and Lite/Fabric loops of :mod:`support.lightning_api`, accelerate's loop of
 :mod:`support.accelerate_replica`, or a plain loop calling ``xm.optimizer_step`` (torch_xla
-stand-in) with or without a closure, or on real torch_xla (``xla-real``); ``torch``: a plain torch.distributed loop without torch_xla,
-whose gradients are all-reduced (``--reduce``) or not. Nothing in it arms or calls SyncCheck: the
+stand-in) with or without a closure, or on real torch_xla (``xla-real``); ``torch``: a plain
+torch.distributed loop without torch_xla, whose gradients are all-reduced (``reduce``) or not. Nothing in it arms or calls SyncCheck: the
 environment (``TPU_CLOSURE_FIX_SYNC_CHECK``) decides, through ``import tpu_closure_fix`` as in the
 harness (the start-up watcher does the same for a user).
 
@@ -46,7 +46,7 @@ def show_ours():
 
 
 def run_torch(args, steps):
-    """A plain loop, no framework, no torch_xla: gradients all-reduced (mean) only with --reduce."""
+    """A plain loop, no framework, no torch_xla: gradients all-reduced (mean) only with ``reduce``."""
     import torch.distributed as dist
 
     import tpu_closure_fix  # noqa: F401  (the activation path, as the harness's other loops)
@@ -188,8 +188,9 @@ def main(argv=None):
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--scenarios", required=True,
-                        help='JSON: {"api": %s, "steps": 12, "closure": true (xla), "reduce": false (torch)}, or a '
-                             'list of them run one after the other (result: {"runs": [...]})' % "|".join(sorted(RUNNERS)))
+                        help='JSON: {"api": %s, "steps": 12, "closure": true (xla), "reduce": false (torch), '
+                             '"same_data": false (xla-real)}, or a list of them run one after the other (result: '
+                             '{"runs": [...]})' % "|".join(sorted(RUNNERS)))
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     scenarios = json.loads(args.scenarios)

@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="SyncCheck hooks torch optimizers: no torch here")
 
 from support import ports  # noqa: E402  (after the skip: needs torch)
+from test_startup import standin  # noqa: E402,F401  (the fixture: a folder with an empty torch_xla package)
 from tpu_closure_fix import config, synccheck, synchook  # noqa: E402  (after the skip: needs torch)
 from tpu_closure_fix.config import TPUClosureFixWarning  # noqa: E402  (after the skip: needs torch)
 
@@ -262,18 +263,10 @@ synchook = sys.modules.get("tpu_closure_fix.synchook")
 if synchook is not None and synchook._armed["every"]:  # asked for: torch's live registry says whether it is in
     import torch.optim
     from torch.optim.optimizer import _global_optimizer_post_hooks as registry
-print(json.dumps({"activated": "tpu_closure_fix" in sys.modules, "loaded": synchook is not None,
-                  "armed": synchook is not None and synchook._armed["every"] > 0 and any(h is synchook._after_step for h in registry.values())}))
+armed = synchook is not None and synchook._armed["every"] > 0 and any(
+    hook is synchook._after_step for hook in registry.values())
+print(json.dumps({"activated": "tpu_closure_fix" in sys.modules, "loaded": synchook is not None, "armed": armed}))
 """
-
-
-@pytest.fixture(scope="module")
-def standin(tmp_path_factory):
-    """A folder holding an empty ``torch_xla`` package: a watched top-level name, nothing more."""
-    root = tmp_path_factory.mktemp("standin")
-    (root / "torch_xla").mkdir()
-    (root / "torch_xla" / "__init__.py").write_text("")
-    return str(root)
 
 
 def startup_run(standin, **variables):
