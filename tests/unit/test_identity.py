@@ -239,6 +239,8 @@ def test_any_code_change_changes_the_fingerprint(name):
 @pytest.mark.parametrize("name", sorted(DIFFERENT_PAIRS))
 def test_constructs_that_look_alike_stay_apart(name):
     first, second = DIFFERENT_PAIRS[name]
+    if first.startswith("match ") and sys.version_info < (3, 10):
+        pytest.skip("match statements parse on Python >= 3.10 only (no code that runs here has one)")
     assert _fp(_wrap_statement(first)) != _fp(_wrap_statement(second))
 
 
