@@ -92,10 +92,19 @@ def _graph_sites(graph):
     return (graph or {}).get("sites") or {}
 
 
+def _judged_by_events(events):
+    """Sites whose step the event-order self-test ran to the end: for a site status could not verify
+    (a release no row names), that recorded order is the verdict."""
+    return {site["site"] for site in events.get("sites", []) if site.get("error") is None}
+
+
 def _unprotected_reasons(unprotected, events, graph):
     reasons = []
+    judged = _judged_by_events(events)
     for r in unprotected:
         site = "%s:%s" % (r["module"], r["method"])
+        if r["verdict"] == "skipped" and site in judged:
+            continue  # not verified by status: its recorded order (below) decides
         reasons.append((site, "%s runs the buggy order (%s%s)" % (site, r["verdict"],
                                                                   ": " + r["reason"] if r.get("reason") else "")))
     for site in events.get("sites", []):
@@ -181,6 +190,10 @@ def decide(unprotected, events, graph, graph_unavailable=None):
     else:
         evidence = "event order right; XLA graph not checked (%s)" % ("--no-graph" if graph is False else
                                                                       "torch_xla is not importable here")
+    judged = [e["site"] for e in events.get("sites", []) if e.get("verdict") == "skipped"]
+    if judged:
+        evidence += "; %d not verified by status, judged by the order their call ran: %s" % (len(judged),
+                                                                                             ", ".join(judged))
     if untested:
         evidence += "; %d site(s) without a self-test: %s" % (len(untested), ", ".join(u["site"] for u in untested))
     return Outcome(PROTECTED, EXIT_CODES[PROTECTED],

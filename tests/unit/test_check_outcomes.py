@@ -136,6 +136,24 @@ def test_unprotected_wins_over_could_not_verify():
     assert out.exit_code == 1 and FABRIC in out.reason
 
 
+NOT_VERIFIED = "unknown release 9.9 of lightning_fabric: not verified (known: >=2.1.0,<2.6.7); left untouched"
+
+
+def test_a_site_status_could_not_verify_is_judged_by_its_recorded_order():
+    """A release no row names: where the event-order self-test ran its call, that order decides."""
+    right = check.decide([record(FABRIC, "skipped", NOT_VERIFIED)],
+                         events_of(event_site(FABRIC, "skipped")), False)
+    assert right.exit_code == 0, right.reason
+    assert "1 not verified by status, judged by the order their call ran: %s" % FABRIC in right.reason
+    wrong = check.decide([record(FABRIC, "skipped", NOT_VERIFIED)],
+                         events_of(event_site(FABRIC, "skipped", BUGGY_ORDER, ok=False)), False)
+    assert wrong.exit_code == 1 and "saw the gradients reduced before the backward" in wrong.reason, wrong.reason
+    # Its step could not run: status's word stands (the buggy code may run), never "protected".
+    failed = check.decide([record(FABRIC, "skipped", NOT_VERIFIED)],
+                          events_of(event_site(FABRIC, "skipped", [], ok=False, error="TypeError: x")), False)
+    assert failed.exit_code == 1 and "runs the buggy order (skipped" in failed.reason, failed.reason
+
+
 GUARD = "torch_xla.core.xla_model:optimizer_step"
 NO_DRIVER = {"site": GUARD, "variant": "torch_xla-2.1+", "verdict": "patched",
              "reason": "the torch_xla integration has no verification driver "

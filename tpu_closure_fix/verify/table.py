@@ -43,8 +43,9 @@ def sites_to_verify(records=None):
     """``[(status record, row)]`` for every installed site that a self-test should drive.
 
     Imports the installed call-site modules first (as ``check`` does).  Rows that only inherit
-    the method (``inherits``) are covered by their base row and left out; so are records the engine
-    matched to no row (a guarded site of an unknown release: the guard's own row is verified).
+    the method (``inherits``) are covered by their base row and left out; so are guarded records the
+    engine matched to no row (the guard's own row is verified).  A site of a release no row names
+    (skipped, "not verified") is driven with its method's newest row: its call decides.
     """
     if records is None:
         from .. import report
@@ -52,13 +53,24 @@ def sites_to_verify(records=None):
         records = report.status(import_errors=report.import_installed_sites())
     chosen = []
     for record in records:
-        if record["verdict"] not in VERIFIED_VERDICTS or not record.get("variant"):
-            continue
-        row = row_by_variant(record["variant"])
-        if row.inherits:
+        if record["verdict"] in VERIFIED_VERDICTS and record.get("variant"):
+            row = row_by_variant(record["variant"])
+        else:
+            row = _not_verified_row(record)
+        if row is None or row.inherits:
             continue
         chosen.append((record, row))
     return chosen
+
+
+def _not_verified_row(record):
+    """For a site of a release no row names (status: skipped, "not verified"), the row whose driver can
+    still run its code: the newest row of the same method that has code of its own. The event test then
+    judges that site by what its call does. None for every other record."""
+    if record["verdict"] != "skipped" or record.get("variant") or "not verified" not in (record.get("reason") or ""):
+        return None
+    rows = [row for row in _sites.rows_for(record["module"], record["method"]) if not row.inherits]
+    return rows[-1] if rows else None
 
 
 def resolve(row):
