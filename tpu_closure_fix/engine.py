@@ -224,8 +224,8 @@ def _decide(key, module=None):
         #    a verified release of a row: that row applies, fix or upstream fix alike.
         elif not isinstance(owner, str):
             site, note = _same_code_row(rows, owner, attr, release)
-    # 6. Still no row: not in this release (another site of the package knows it and this code has no
-    #    buggy call), else unknown release: not verified, left untouched.
+    # 6. Still no row: not in this release (no such class or method, or another site of the package knows
+    #    the release and this code has no buggy call), else unknown release: not verified, left untouched.
     if site is None:
         return _unknown_release(rows, package, release, None if isinstance(owner, str) else owner, attr)
     # 7. The row's class is missing from the module.
@@ -306,6 +306,8 @@ def _same_code_row(rows, owner, attr, release):
 
 
 def _unknown_release(rows, package, release, owner, attr):
+    if not _exists(owner, attr):  # no such class or method here: nothing of this site can run
+        return Finding(ABSENT, "", None, release, None)
     if _package_knows(package, release):
         if not _has_buggy_shape(owner, attr, rows):
             return Finding(ABSENT, "", None, release, None)
@@ -317,6 +319,15 @@ def _unknown_release(rows, package, release, owner, attr):
     return Finding(SKIPPED, "unknown release %s of %s: not verified (known: %s; its code is not identical to "
                             "a verified release); left untouched"
                    % (release, package, _describe_ranges(package)), None, release, None)
+
+
+def _exists(owner, attr):
+    """True when ``owner`` (a class, through its MRO, or a module) has ``attr``; False for no owner."""
+    if owner is None:
+        return False
+    if isinstance(owner, type):
+        return _resolved(owner, attr) is not None
+    return _defined(owner, attr) is not None
 
 
 def _has_buggy_shape(owner, attr, rows):

@@ -45,6 +45,15 @@ TRAINER_WRAPS = ("        closure = partial(self._xla_wrap_closure, optimizer, c
 TRAINER_REDUCES_FIRST = ("        _named_only = self._xla_wrap_closure  # named, never wraps the closure\n"
                          "        xm.reduce_gradients(optimizer)\n"
                          "        closure = partial(self._wrap_closure, model, optimizer, closure)\n")
+FROM_IMPORT = """
+try:
+    from torch_xla.core.xla_model import optimizer_step
+except ImportError:  # no torch_xla here: the module still imports
+    optimizer_step = None
+"""
+# The call written differently: another fingerprint, the caller's closure still in optimizer_args.
+EDITED_CALL = ("        result = xm.optimizer_step(optimizer, optimizer_args=kwargs, barrier=True)\n"
+               "        return result\n")
 WRAPPING_OVERRIDE = '''
 import functools as _functools
 
@@ -80,9 +89,10 @@ def presented(root, package, version, edits=()):
 XLA_PY = "plugins/precision/xla.py"
 CONSTRUCTED = {
     "from-import": ("lightning_fabric", [
-        (XLA_PY, FABRIC_IMPORT, FABRIC_IMPORT + "from torch_xla.core.xla_model import optimizer_step\n"),
+        (XLA_PY, FABRIC_IMPORT, FABRIC_IMPORT + FROM_IMPORT),
         (XLA_PY, FABRIC_CALL, "        return optimizer_step(optimizer, optimizer_args=kwargs, barrier=True)\n")]),
     "decorator": ("lightning_fabric", [(XLA_PY, FABRIC_IMPORT, FABRIC_IMPORT + WRAPPING_OVERRIDE)]),
+    "edited": ("lightning_fabric", [(XLA_PY, FABRIC_CALL, EDITED_CALL)]),
     "identical": ("pytorch_lightning", []),
     "reordered": ("pytorch_lightning", [(XLA_PY, TRAINER_WRAPS, TRAINER_REDUCES_FIRST)]),
 }
@@ -190,10 +200,10 @@ def check_json(root):
 
 @defined_where(TARGET in ON_TARGET)
 def test_check_judges_a_not_verified_site_by_the_order_its_call_runs(tmp_path):
-    """A constructed newer release (status: skipped, not verified) is decided by check's event test: Fabric's
-    from-import copy reaches the guard in the self-test (protected, exit 0); the Trainer copy that reduces
-    first shows the bug (unprotected, exit 1)."""
-    constructed = ON_TARGET[TARGET][0] if TARGET == "lightning-fabric==2.6.6" else "reordered"
+    """A constructed newer release (status: skipped, not verified: no torch_xla in check's own process, so
+    no guard) is decided by check's event test: Fabric's edited copy reaches the guard in the self-test
+    (protected, exit 0); the Trainer copy that reduces first shows the bug (unprotected, exit 1)."""
+    constructed = "edited" if TARGET == "lightning-fabric==2.6.6" else "reordered"
     package, edits = CONSTRUCTED[constructed]
     result, proc = check_json(presented(tmp_path, package, NEWER, edits))
     site = FABRIC_SITE if package == "lightning_fabric" else TRAINER_SITE
@@ -202,9 +212,10 @@ def test_check_judges_a_not_verified_site_by_the_order_its_call_runs(tmp_path):
     (event,) = [e for e in result["event_check"]["sites"] if e["site"] == site]
     assert event["error"] is None, event
     if constructed == "reordered":
+        # (the release's other, method-less sites are unknown too: status names one of them first)
         assert (result["exit_code"], proc.returncode, event["ok"]) == (1, 1, False), result["reason"]
-        assert "%s: the event-order self-test saw the gradients reduced before the backward" % site \
-            in result["reason"], result["reason"]
+        assert event["events"][0] == "reduce_gradients(no grads)", event
     else:
-        assert (result["exit_code"], proc.returncode, event["ok"]) == (0, 0, True), result["reason"]
-        assert "judged by the order their call ran: %s" % site in result["reason"], result["reason"]
+        # Judged by its recorded order: not named unprotected. (Fabric's bf16 subclass, a site that only
+        # inherits the method, is not driven: an unknown release of it stays unprotected in check.)
+        assert event["ok"] and "%s runs the buggy order" % site not in result["reason"], result["reason"]
