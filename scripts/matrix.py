@@ -56,9 +56,9 @@ PYTEST_TIMEOUT = 1800
 PROTECTED = ("patched", "fixed upstream", "guarded")
 
 #: --smoke: one target per call-site family (accelerator, Trainer plugin + Lite,
-#: fixed Trainer + Fabric TPUPrecision, Fabric XLAPrecision, accelerate's XLA step).
+#: fixed Trainer + Fabric TPUPrecision, Fabric XLAPrecision, accelerate's XLA step, optimum-neuron's step).
 SMOKE = ("pytorch-lightning==1.4.9", "pytorch-lightning==1.8.6", "pytorch-lightning==1.9.5",
-         "lightning-fabric==2.6.6", "accelerate==1.15.0")
+         "lightning-fabric==2.6.6", "accelerate==1.15.0", "optimum-neuron==0.4.5")
 
 #: Started first, so that no long target is left running alone at the end: the targets that run the
 #: most test modules (tests/target/conftest.py ONLY_ON); about 700 s, 400 s and 300 s on a slow day.

@@ -631,6 +631,9 @@ def train(name: str, root: Optional[os.PathLike] = None) -> str:
     """Fit a 1-layer model for 2 steps on CPU with the installed target; returns
     the script's stdout, raises TargetError on failure."""
     path = target_dir(name, root)
+    if name not in TRAIN:
+        raise TargetError("target %s has no CPU smoke-train: it trains only with the Neuron SDK (its tests "
+                          "run its optimizer on stand-ins: tests/target/test_optimum_neuron.py)" % name)
     if not is_installed(name, root):
         raise TargetError("target %s is not installed under %s" % (name, path.parent))
     with tempfile.TemporaryDirectory() as cwd:  # keep lightning_logs etc. out of the repo

@@ -10,8 +10,9 @@
 #                                        background during the matrix; pytorch-lightning 1.8.6 on 3.8,
 #                                        lightning-fabric 2.6.6 and accelerate 1.15.0 on 3.13)
 # and ends with one closing line 'N passed, N failed, N skipped' over all of them.
-# The matrix runs all 25 targets, two at a time (15 min on 2 cores on a quiet day: 25.6 min of target
-# tests, one target's run keeps about 1.1 cores busy); options go to scripts/matrix.py
+# The matrix runs all 29 targets, two at a time (15 min on 2 cores on a quiet day for the first 25: 25.6 min
+# of target tests, one target's run keeps about 1.1 cores busy; the 4 optimum-neuron targets add about
+# 2.5 min of tests each on a quiet day); options go to scripts/matrix.py
 # (`--smoke`: one target per call-site family; `--targets A,B`; `--no-prune` keeps every
 # target folder, about 2.3 GiB, instead of deleting each after its tests: its wheels stay
 # cached in .cache/wheels either way).  Free disk is printed before each stage.  Disk under

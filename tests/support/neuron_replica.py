@@ -18,7 +18,9 @@ Scenarios (JSON dicts): ``optimizer`` (sgd/adam/lbfgs), ``steps``, ``closure``
 ``clip`` (``prepare_clip_grad_norm(parameters, max_norm)`` before each step, as
 ``NeuronAccelerator.clip_grad_norm_(..., postpone_clipping_to_optimizer_step=True)``
 does; 0.0.x's XLA branch never clips: its ``prepare_clip_grad_norm`` keeps only
-the model-parallel parameters). For each it writes the stand-ins' event log, the flattened parameters
+the model-parallel parameters), ``sequence_parallel`` (0.4 on: ``trn_config.sequence_parallel_enabled``
+and the first layer's parameters marked ``sequence_parallel_enabled``; at tensor-parallel size 1 the
+pass is the identity, recorded). For each it writes the stand-ins' event log, the flattened parameters
 after every step and (rank 0) the plain-PyTorch reference.
 """
 import argparse
@@ -110,12 +112,12 @@ def family(module):
     return "xla" if "optimizer_step" in step.__code__.co_names else "bucket"
 
 
-def neuron_optimizer(module, inner):
+def neuron_optimizer(module, inner, sequence_parallel=False):
     """A NeuronAcceleratedOptimizer around ``inner``, as NeuronAccelerator.prepare_optimizer builds it."""
     optimizer = module.NeuronAcceleratedOptimizer(inner)
     state = optimizer.accelerator_state
     if _reads_trn_config(module):
-        state.trn_config = types.SimpleNamespace(sequence_parallel_enabled=False)
+        state.trn_config = types.SimpleNamespace(sequence_parallel_enabled=sequence_parallel)
     return optimizer
 
 
@@ -133,9 +135,12 @@ def run_scenario(module, scenario, rank):
     accelerator = Accelerator()
     layers = harness.make_layers(scenario)
     model = torch.nn.Sequential(layers[0], torch.nn.Tanh(), layers[1])
+    if scenario.get("sequence_parallel"):  # what neuronx-distributed marks on sequence-parallel LayerNorms
+        for p in layers[0].parameters():
+            p.sequence_parallel_enabled = True
     inner = harness.make_optimizer(scenario["optimizer"], model.parameters())
     inner.register_step_post_hook(lambda *args: xla_standin.record("optimizer_step"))
-    optimizer = neuron_optimizer(module, inner)
+    optimizer = neuron_optimizer(module, inner, scenario.get("sequence_parallel", False))
     trajectory = []
     for x, y in harness.batches(rank, scenario["steps"], 1):
         def closure(x=x, y=y):

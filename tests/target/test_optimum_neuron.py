@@ -46,6 +46,10 @@ CLOSURE_SCENARIOS = [
     {"name": "sgd", "optimizer": "sgd", "steps": 3},
     {"name": "lbfgs", "optimizer": "lbfgs", "steps": 2},
 ] + ([] if GUARDED else [{"name": "clip", "optimizer": "sgd", "steps": 3, "clip": 0.05}])
+#: 0.4 on: the sequence-parallel pass is decided by ``trn_config.sequence_parallel_enabled``.
+SEQUENCE_PARALLEL = RELEASE >= Version("0.4.0")
+if SEQUENCE_PARALLEL:
+    CLOSURE_SCENARIOS.append({"name": "sequence-parallel", "optimizer": "sgd", "steps": 3, "sequence_parallel": True})
 NO_CLOSURE = {"name": "no-closure", "optimizer": "sgd", "steps": 3, "closure": False}
 NAMES = [s["name"] for s in CLOSURE_SCENARIOS]
 
@@ -192,6 +196,20 @@ def test_clipping_follows_the_reduction_of_the_closures_gradients(runs):
         assert without.index("clip_grad_norm") < without.index("closure")
 
 
+@defined_where(SEQUENCE_PARALLEL)
+def test_sequence_parallel_pass_follows_each_evaluation(runs):
+    """The release's sequence-parallel pass (one reduce_from_tensor_model_parallel_region per marked
+    gradient: the first layer's weight and bias) runs after the closure with the shim; without it, before
+    the closure, on the previous step's gradients (none at the first step)."""
+    sequence = ["sequence_parallel_reduce"] * 2
+    for rank in (0, 1):
+        assert _events(runs, True, rank, "sequence-parallel") == (
+            ["step", "closure"] + sequence + ["reduce(4)", "optimizer_step"]) * 3
+        assert _events(runs, False, rank, "sequence-parallel") == (
+            ["step", "reduce(0)", "closure", "optimizer_step"]
+            + (["step"] + sequence + ["reduce(4)", "closure", "optimizer_step"]) * 2)
+
+
 def _reductions_after_each_evaluation(events):
     """For every closure evaluation, the gradient reductions (more than one tensor) before the next
     evaluation or step."""
@@ -311,3 +329,60 @@ def test_self_test_driver_sees_the_bug_without_the_shim():
     result = _driver_events(False)
     assert result["verdict"] == "disabled"
     assert result["events"] == ["reduce_gradients(no grads)", "forward", "backward", "step"]
+
+
+# --------------------------------------------------------------------------- ZeRO-1 branch
+_ZERO_CHILD = r"""
+import json, sys, types, warnings
+warnings.simplefilter("ignore")
+import torch
+from support import neuron_sdk, neuron_replica
+neuron_sdk.install(1, 0)
+import tpu_closure_fix
+module = neuron_sdk.load_optimizer_module()
+from accelerate import Accelerator
+Accelerator()
+# the ZeRO-1 class the release tests (NeuronZero1Optimizer from 0.4, torch_xla's ZeroRedundancyOptimizer before)
+zero_class = getattr(module, "NeuronZero1Optimizer", None) or getattr(module, "ZeroRedundancyOptimizer")
+seen = []
+class RecordingZero1(zero_class):
+    # stands for the ZeRO-1 optimizer: records what its step receives; runs the closure once, as ZeRO-1 does
+    def __init__(self, inner):
+        self.inner, self.param_groups, self.defaults, self.state = inner, inner.param_groups, inner.defaults, {}
+        self._grad_norm = None
+    def step(self, closure=None, **kwargs):
+        seen.append({"user_closure": closure is user_closure, "kwargs": sorted(kwargs)})
+        loss = closure()
+        self.inner.step()
+        return loss
+    def state_dict(self):
+        return self.inner.state_dict()
+    def load_state_dict(self, state):
+        return self.inner.load_state_dict(state)
+    def zero_grad(self, set_to_none=True):
+        return self.inner.zero_grad(set_to_none)
+model = torch.nn.Linear(3, 1)
+zero = RecordingZero1(torch.optim.SGD(model.parameters(), lr=0.1))
+neuron = neuron_replica.neuron_optimizer(module, zero)
+def user_closure():
+    zero.zero_grad()
+    loss = torch.nn.functional.mse_loss(model(torch.ones(2, 3)), torch.zeros(2, 1))
+    loss.backward()
+    return loss
+neuron.step(user_closure)
+print(json.dumps({"seen": seen, "shim": tpu_closure_fix.is_enabled()}))
+"""
+
+
+@defined_where(not GUARDED)
+def test_zero_1_branch_runs_the_release_unchanged():
+    """On the ZeRO-1 branch the fix steps aside: the ZeRO-1 optimizer receives the user's own closure (it
+    runs it, then reduce-scatters: the right order for one evaluation), with the shim as without it."""
+    results = {}
+    for shim in (True, False):
+        proc = subprocess.run([sys.executable, "-c", _ZERO_CHILD], env=child_env(shim), cwd=TESTS,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[shim] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results[True]["shim"] is True and results[False]["shim"] is False
+    assert results[True]["seen"] == results[False]["seen"] == [{"user_closure": True, "kwargs": []}]
