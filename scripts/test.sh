@@ -11,8 +11,9 @@
 #                                        lightning-fabric 2.6.6 and accelerate 1.15.0 on 3.13)
 # and ends with one closing line 'N passed, N failed, N skipped' over all of them.
 # The matrix runs all 29 targets, two at a time (15 min on 2 cores on a quiet day for the first 25: 25.6 min
-# of target tests, one target's run keeps about 1.1 cores busy; the 4 optimum-neuron targets add about
-# 2.5 min of tests each on a quiet day); options go to scripts/matrix.py
+# of target tests, one target's run keeps about 1.1 cores busy; the 4 optimum-neuron targets, alone, two at a
+# time: 4/4 pass, 25.5 min wall at load average ~16 (0.0.28 355 s, 0.2.2 547 s, 0.3.0 733 s, 0.4.5 802 s;
+# 0.4.5's first 18 tests took 107 s at a lighter load), not yet measured quiet); options go to scripts/matrix.py
 # (`--smoke`: one target per call-site family; `--targets A,B`; `--no-prune` keeps every
 # target folder, about 2.3 GiB, instead of deleting each after its tests: its wheels stay
 # cached in .cache/wheels either way).  Free disk is printed before each stage.  Disk under
