@@ -43,6 +43,8 @@ FINGERPRINTS = {
     "fabric-2.1": (("2.1.4", "sha256:6dbeb102b5d4fecd"), ("2.6.6", "sha256:9133ab807b8a63a7")),
     "lightning-fabric-2.1": (("2.1.0", "sha256:6dbeb102b5d4fecd"), ("2.6.6", "sha256:9133ab807b8a63a7")),
     # Upstream-fixed code: a release past the newest verified one is "fixed upstream" only when identical.
+    "pl-1.9": (("1.9.5", "sha256:64cff128118197f3"),),
+    "pl-2.0": (("2.0.9", "sha256:9f9c801172a2140a"),),
     "pl-2.1.1+": (("2.6.6", "sha256:5fc7a46a99caed8b"),),
     "lightning-2.1.1+": (("2.6.6", "sha256:5fc7a46a99caed8b"),),
 }
