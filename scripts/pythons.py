@@ -37,7 +37,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.join(REPO, ".cache", "pythons")
 MINORS = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13")
-TEST_TOOLS = ("pytest", "hypothesis", "wrapt", "packaging")
+TEST_TOOLS = ("pytest", "hypothesis", "wrapt", "packaging", "typing_extensions")  # test_identity decorates with its override
 
 #: What each interpreter gets besides the test tools.  torch: the CPU build 2.13.0 exists for 3.11
 #: only (the machine's local wheel); 3.8 gets 1.12.1, the last torch whose PyPI wheel carries its
