@@ -83,12 +83,25 @@ def late():
            status=p.site_status(), next_step=p.step_once(trainer, model))
 
 
-def late_any_trainer(steps, subclass):
+def late_any_trainer(steps, subclass, dropped=False):
+    """``enable()`` after a Trainer took ``steps`` steps. ``dropped``: the program let go of that Trainer
+    first; its reference cycles keep it uncollected (the collector is held off to make that certain) until
+    something collects."""
+    import gc
+    import weakref
+
     trainer, model, events = p.train(steps, subclass=subclass)
+    global_step, alive = trainer.global_step, weakref.ref(trainer)
     import tpu_closure_fix
 
+    if dropped:
+        gc.disable()
+        del trainer, model
+    uncollected_before_enable = alive() is not None
     tpu_closure_fix.enable()
-    p.emit(global_step=trainer.global_step, events=events, depth=p.site_depth(), status=p.site_status())
+    gc.enable()
+    p.emit(global_step=global_step, events=events, depth=p.site_depth(), status=p.site_status(),
+           uncollected_before_enable=uncollected_before_enable)
 
 
 def read_only():
@@ -111,9 +124,10 @@ def main(argv=None):
     parser.add_argument("scenario", choices=sorted(SCENARIOS) + ["late-any-trainer"])
     parser.add_argument("--steps", type=int, default=2, help="late-any-trainer: optimizer steps before enable()")
     parser.add_argument("--subclass", action="store_true", help="late-any-trainer: a Trainer subclass")
+    parser.add_argument("--dropped", action="store_true", help="late-any-trainer: the Trainer was let go of")
     args = parser.parse_args(argv)
     if args.scenario == "late-any-trainer":
-        late_any_trainer(args.steps, args.subclass)
+        late_any_trainer(args.steps, args.subclass, args.dropped)
     else:
         SCENARIOS[args.scenario]()
     return 0

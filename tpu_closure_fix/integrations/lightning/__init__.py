@@ -195,11 +195,15 @@ _TRAINER_MODULES = ("pytorch_lightning.trainer.trainer", "lightning.pytorch.trai
 
 
 def late_enable_warning():
-    """Enabled after Lightning was imported: a message if a Trainer has already stepped unfixed.
+    """Enabled after Lightning was imported: a message if a live Trainer has already stepped unfixed.
 
     Looks only at instances of the loaded Trainer classes (and their subclasses), found
     with ``gc.get_referrers`` (an instance of a heap type refers to its class), which runs
     in C: a Python loop over ``gc.get_objects()`` cost about 80 ms with torch loaded.
+    A Trainer is held in reference cycles, so one the program has dropped stays findable
+    until the collector happens to run: whether it counted would depend on allocation
+    timing. Only live Trainers count: when the scan finds a stepped one, a full
+    collection runs (once, only then) and the scan is repeated.
     """
     import gc
 
@@ -212,11 +216,22 @@ def late_enable_warning():
     if not classes:
         return None
     classes = tuple(classes)
-    for obj in gc.get_referrers(*classes):
+    if _stepped_trainer(gc.get_referrers(*classes), classes) is None:
+        return None
+    gc.collect()
+    trainer = _stepped_trainer(gc.get_referrers(*classes), classes)
+    if trainer is None:
+        return None
+    return ("tpu-closure-fix was enabled after a Trainer had already taken %d optimizer step(s) with the "
+            "unfixed code; those steps were not reduced correctly. Import tpu_closure_fix before training "
+            "starts." % trainer.global_step)
+
+
+def _stepped_trainer(referrers, classes):
+    """The first Trainer among ``referrers`` whose global_step is not zero, else None."""
+    for obj in referrers:
         if isinstance(obj, classes) and getattr(obj, "global_step", 0):
-            return ("tpu-closure-fix was enabled after a Trainer had already taken %d optimizer step(s) with the "
-                    "unfixed code; those steps were not reduced correctly. Import tpu_closure_fix before training "
-                    "starts." % obj.global_step)
+            return obj
     return None
 
 
