@@ -36,14 +36,22 @@ pytest_step() {  # name, pytest args...
   if [ "$rc" = 5 ]; then echo "!! $name: no tests were collected"; status=1; elif [ "$rc" != 0 ]; then status=1; fi
 }
 
+# The README and package stages (fresh venvs: pip installs, mostly waiting on I/O) run in the background
+# while the unit tests run; their output is printed after the unit tests', their exit code counted.
+(
+  echo "== README's and the demo's commands, as written, in a fresh venv (tests/readme)"
+  pytest_step readme tests/readme
+  echo "== the package as it would be published: sdist and wheels, twine check, installed in fresh venvs (tests/package)"
+  pytest_step package tests/package
+  exit $status
+) > results/readme-package.log 2>&1 &
+readme_package=$!
+
 echo "== 1/3 unit tests"
 pytest_step unit tests/unit --ignore=tests/unit/test_properties.py  # that one needs Lightning: below
 
-echo "== README's and the demo's commands, as written, in a fresh venv (tests/readme)"
-pytest_step readme tests/readme
-
-echo "== the package as it would be published: sdist and wheels, twine check, installed in fresh venvs (tests/package)"
-pytest_step package tests/package
+wait "$readme_package" || status=1
+cat results/readme-package.log
 
 echo "== 2/3 release matrix (demo dependencies first: tests/target/test_demo.py needs them)"
 bash scripts/demo.sh --help >/dev/null || { echo "!! installing the demo dependencies failed"; status=1; }
@@ -79,21 +87,28 @@ done
 waited=$(date +%s)
 wait "$xla_builds"
 echo "   (waited $(( $(date +%s) - waited )) s for the torch_xla venvs built during the matrix)"
-for tier in 2.1 2.9; do
-  echo "== 3/3 real torch_xla tier $tier"
-  disk
-  XLA_PY=$(cat "results/xla-env-$tier.out" 2>/dev/null)
-  if [ "$(cat "results/xla-env-$tier.rc" 2>/dev/null)" = 0 ] && [ -x "$XLA_PY" ]; then
-    tests_start=$(date +%s)
-    TPU_CLOSURE_FIX_XLA_PYTHON="$XLA_PY" pytest_step "xla-$tier" tests/xla
-    echo "   (tier $tier: environment built in $(cat "results/xla-env-$tier.seconds") s during the matrix," \
-         "tests in $(( $(date +%s) - tests_start )) s)"
-  else
-    echo "!! building the torch_xla $tier environment failed (results/xla-env-$tier.log):"
-    tail -20 "results/xla-env-$tier.log"
-    status=1
-  fi
-done
+# The torch_xla tiers (one pytest each, one after the other) run in the background while the other
+# interpreters' tests run: two single-process stages side by side on 2 cores. The tiers' output is printed
+# after the interpreters', their exit code counted.
+(
+  for tier in 2.1 2.9; do
+    echo "== 3/3 real torch_xla tier $tier"
+    disk
+    XLA_PY=$(cat "results/xla-env-$tier.out" 2>/dev/null)
+    if [ "$(cat "results/xla-env-$tier.rc" 2>/dev/null)" = 0 ] && [ -x "$XLA_PY" ]; then
+      tests_start=$(date +%s)
+      TPU_CLOSURE_FIX_XLA_PYTHON="$XLA_PY" pytest_step "xla-$tier" tests/xla
+      echo "   (tier $tier: environment built in $(cat "results/xla-env-$tier.seconds") s during the matrix," \
+           "tests in $(( $(date +%s) - tests_start )) s)"
+    else
+      echo "!! building the torch_xla $tier environment failed (results/xla-env-$tier.log):"
+      tail -20 "results/xla-env-$tier.log"
+      status=1
+    fi
+  done
+  exit $status
+) > results/xla-tiers.log 2>&1 &
+xla_tiers=$!
 
 wait "$pythons_build"
 echo "== every other CPython 3.8-3.13 found: tests/unit, and a real-framework target at each end (scripts/pythons.py;"
@@ -102,6 +117,9 @@ cat results/pythons-build.log
 pythons_start=$(date +%s)
 "$PY" scripts/pythons.py test --results results --skip-minor "$base_minor" || status=1
 echo "   (interpreters' tests in $(( $(date +%s) - pythons_start )) s)"
+
+wait "$xla_tiers" || status=1
+cat results/xla-tiers.log
 
 disk
 echo "== summary"
