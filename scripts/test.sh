@@ -10,17 +10,15 @@
 #                                        background during the matrix; pytorch-lightning 1.8.6 on 3.8,
 #                                        lightning-fabric 2.6.6 and accelerate 1.15.0 on 3.13)
 # and ends with one closing line 'N passed, N failed, N skipped' over all of them.
-# The matrix runs all 29 targets, two at a time (15 min on 2 cores on a quiet day for the first 25: 25.6 min
-# of target tests, one target's run keeps about 1.1 cores busy; the 4 optimum-neuron targets, alone, two at a
-# time: 4/4 pass, 25.5 min wall at load average ~16 (0.0.28 355 s, 0.2.2 547 s, 0.3.0 733 s, 0.4.5 802 s;
-# 0.4.5's first 18 tests took 107 s at a lighter load), not yet measured quiet); options go to scripts/matrix.py
+# The matrix runs all 29 targets, two at a time: 40.6 min in the fresh-clone run of d863a00 (slowest targets
+# pytorch-lightning 1.8.6 1,148 s and lightning-fabric 2.6.6 723 s); options go to scripts/matrix.py
 # (`--smoke`: one target per call-site family; `--targets A,B`; `--no-prune` keeps every
 # target folder, about 2.3 GiB, instead of deleting each after its tests: its wheels stay
 # cached in .cache/wheels either way).  Free disk is printed before each stage.  Disk under
 # .cache/: the two torch_xla venvs take 5.1 GiB (2.1) and 7.1 GiB (2.9) (du -h) and are kept for the next
-# run; with the base venv (0.9 GiB), the demo's dependencies (0.3 GiB), the wheel cache and the
-# matrix's two target folders .cache/ ends at about 14 GiB, and the run peaks at about 15 GiB
-# written (while the torch_xla wheels are unpacked).  A fresh-clone run takes about 27 min.
+# run; with the base venv, the demo's dependencies, the other interpreters' venvs, the wheel cache and the
+# matrix's two target folders .cache/ ends at about 21 GiB, and the run peaks at about 22 GiB written.
+# A fresh-clone run takes about 60 min (README, "ci-figures").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh || exit 1
