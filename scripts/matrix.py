@@ -4,6 +4,7 @@
 Usage::
 
     python scripts/matrix.py [--targets A,B] [--smoke] [--jobs N] [--install-jobs N] [--results DIR] [--prune]
+                             [--fetch-only]
 
 First the wheels of every target are fetched into the local wheel cache
 (scripts/targets.py ``fetch``, in parallel, ``--install-jobs``).  Then each target, in
@@ -159,6 +160,8 @@ def main(argv=None):
                         help="delete each target's folder after its tests (its wheels stay cached): "
                              "at most two target folders on disk at a time instead of all of them")
     parser.add_argument("--no-prune", dest="prune", action="store_false", help="keep target folders (default)")
+    parser.add_argument("--fetch-only", action="store_true",
+                        help="only fetch the targets' wheels into the cache (a later run skips the fetch)")
     args = parser.parse_args(argv)
 
     targets_mod = load_targets()
@@ -190,6 +193,10 @@ def main(argv=None):
                 fetch_errors[name] = "%s: %s" % (type(exc).__name__, exc)
                 print("FETCH FAILED %s:\n%s" % (name, exc), flush=True)
     fetch_seconds = time.time() - started
+    if args.fetch_only:
+        print("fetched the wheels of %d target(s) in %.1f min, %d failed" % (len(names) - len(fetch_errors),
+                                                                          fetch_seconds / 60.0, len(fetch_errors)))
+        return 1 if fetch_errors else 0
     install_seconds = 0.0
 
     # 2-4. per target, in --jobs workers: install (offline, from the wheel cache), status, tests,

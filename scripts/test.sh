@@ -26,6 +26,8 @@ rm -rf results && mkdir -p results
 status=0
 disk() { echo "   (disk: $(du -sh .cache 2>/dev/null | cut -f1) in .cache/, $(df -Ph . | awk 'NR==2 {print $4}') free)"; }
 disk
+t0=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
 
 pytest_step() {  # name, pytest args...
   local name=$1; shift
@@ -34,44 +36,95 @@ pytest_step() {  # name, pytest args...
   if [ "$rc" = 5 ]; then echo "!! $name: no tests were collected"; status=1; elif [ "$rc" != 0 ]; then status=1; fi
 }
 
-# The README and package stages (fresh venvs: pip installs, mostly waiting on I/O) run in the background
-# while the unit tests run; their output is printed after the unit tests', their exit code counted.
-(
+# Background stages ("lanes"): each runs in a subshell, its output to results/lane-NAME.log; finish_lane
+# waits for it, prints that output and counts its exit code. The CPU-bound lanes share the 2 cores with
+# the foreground (the kernel interleaves them), so no core idles while another stage waits on the network
+# or on a disk, and no stage waits for another it does not need.
+declare -A lane_pids
+lane() {  # name, function...
+  local name=$1; shift
+  ( "$@"; exit $status ) > "results/lane-$name.log" 2>&1 &
+  lane_pids[$name]=$!
+}
+finish_lane() {  # name
+  wait "${lane_pids[$1]}" || status=1
+  cat "results/lane-$1.log"
+}
+
+readme_and_package() {
   echo "== README's and the demo's commands, as written, in a fresh venv (tests/readme)"
   pytest_step readme tests/readme
   echo "== the package as it would be published: sdist and wheels, twine check, installed in fresh venvs (tests/package)"
   pytest_step package tests/package
-  exit $status
-) > results/readme-package.log 2>&1 &
-readme_package=$!
+}
 
-echo "== 1/3 unit tests"
-pytest_step unit tests/unit --ignore=tests/unit/test_properties.py  # that one needs Lightning: below
+matrix_downloads() {  # network: the matrix's wheels, then the demo's dependencies (tests/target/test_demo.py)
+  started=$(date +%s)
+  "$PY" scripts/matrix.py --fetch-only "$@" || status=1
+  bash scripts/demo.sh --help >/dev/null || { echo "!! installing the demo dependencies failed"; status=1; }
+  echo "   (matrix wheels and demo dependencies ready in $(( $(date +%s) - started )) s)"
+}
 
-wait "$readme_package" || status=1
-cat results/readme-package.log
+xla_build() {  # tier: its venv (scripts/xla_env.sh: about 6 GB to download and unpack)
+  started=$(date +%s)
+  bash scripts/xla_env.sh "$1" > "results/xla-env-$1.out" 2> "results/xla-env-$1.log"
+  echo $? > "results/xla-env-$1.rc"
+  echo $(( $(date +%s) - started )) > "results/xla-env-$1.seconds"
+}
 
-echo "== 2/3 release matrix (demo dependencies first: tests/target/test_demo.py needs them)"
-bash scripts/demo.sh --help >/dev/null || { echo "!! installing the demo dependencies failed"; status=1; }
-# The two torch_xla venvs are built in the background while the matrix runs, one after the other
-# (downloading and unpacking about 6 GB is mostly I/O: some 6 minutes the matrix hides on 2 cores).
-# Each build's stdout (the interpreter), stderr, exit code and duration go to results/xla-env-TIER.*.
-(
-  for tier in 2.1 2.9; do
-    started=$(date +%s)
-    bash scripts/xla_env.sh "$tier" > "results/xla-env-$tier.out" 2> "results/xla-env-$tier.log"
-    echo $? > "results/xla-env-$tier.rc"
-    echo $(( $(date +%s) - started )) > "results/xla-env-$tier.seconds"
-  done
-) &
-xla_builds=$!
-# The venvs of the other Pythons (scripts/pythons.py: pip downloads and unpacking, mostly waiting) are built
-# meanwhile too; their tests run after the matrix. The base venv's Python ran stage 1: left out.
+xla_test() {  # tier
+  echo "== 3/3 real torch_xla tier $1"
+  XLA_PY=$(cat "results/xla-env-$1.out" 2>/dev/null)
+  if [ "$(cat "results/xla-env-$1.rc" 2>/dev/null)" = 0 ] && [ -x "$XLA_PY" ]; then
+    tests_start=$(date +%s)
+    TPU_CLOSURE_FIX_XLA_PYTHON="$XLA_PY" pytest_step "xla-$1" tests/xla
+    echo "   (tier $1: environment built in $(cat "results/xla-env-$1.seconds") s, tests in" \
+         "$(( $(date +%s) - tests_start )) s, done at $(elapsed))"
+  else
+    echo "!! building the torch_xla $1 environment failed (results/xla-env-$1.log):"
+    tail -20 "results/xla-env-$1.log"
+    status=1
+  fi
+}
+
+xla_tiers() {  # the 2.9 venv downloads while the 2.1 tier's tests run
+  xla_build 2.1
+  xla_build 2.9 &
+  local build_29=$!
+  xla_test 2.1
+  wait "$build_29"
+  xla_test 2.9
+}
+
+other_pythons() {  # venvs built one after the other, each interpreter's tests as soon as its venv is ready
+  echo "== every other CPython 3.8-3.13 found: tests/unit, and a real-framework target at each end (scripts/pythons.py;"
+  echo "   $base_minor runs stage 1 in the base venv)"
+  started=$(date +%s)
+  "$PY" scripts/pythons.py test --results results --skip-minor "$base_minor" || status=1
+  echo "   (interpreters' venvs and tests in $(( $(date +%s) - started )) s, done at $(elapsed))"
+}
+
+unit_tests() {
+  echo "== 1/3 unit tests"
+  pytest_step unit tests/unit --ignore=tests/unit/test_properties.py  # that one needs Lightning: below
+  echo "   (unit tests done at $(elapsed))"
+}
+
+# Each lane's replica runs take their rendezvous ports from a block of their own (tests/support/ports.py):
+# the matrix's two workers use blocks 0 and 1.
 base_minor=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-"$PY" scripts/pythons.py build --results results --skip-minor "$base_minor" > results/pythons-build.log 2>&1 &
-pythons_build=$!
+TPU_CLOSURE_FIX_PORT_BLOCK=2 lane readme-package readme_and_package
+lane matrix-downloads matrix_downloads "$@"
+TPU_CLOSURE_FIX_PORT_BLOCK=3 lane xla-tiers xla_tiers
+TPU_CLOSURE_FIX_PORT_BLOCK=4 lane other-pythons other_pythons
+
+TPU_CLOSURE_FIX_PORT_BLOCK=5 lane unit unit_tests
+
+finish_lane matrix-downloads
+echo "== 2/3 release matrix (started at $(elapsed))"
 disk
 "$PY" scripts/matrix.py --results results --prune "$@" || status=1
+echo "   (matrix done at $(elapsed))"
 
 echo "== property tests (hypothesis) against real Lightning: pytorch-lightning 1.8.6"
 "$PY" scripts/targets.py install "pytorch-lightning==1.8.6" >/dev/null || status=1
@@ -82,44 +135,11 @@ for bench in bench_startup bench_import bench_step synccheck_overhead synccheck_
   "$PY" benchmarks/$bench.py --smoke > "results/$bench.txt" 2>&1 || { echo "!! benchmarks/$bench.py --smoke failed:"; tail -20 "results/$bench.txt"; status=1; }
 done
 
-waited=$(date +%s)
-wait "$xla_builds"
-echo "   (waited $(( $(date +%s) - waited )) s for the torch_xla venvs built during the matrix)"
-# The torch_xla tiers (one pytest each, one after the other) run in the background while the other
-# interpreters' tests run: two single-process stages side by side on 2 cores. The tiers' output is printed
-# after the interpreters', their exit code counted.
-(
-  for tier in 2.1 2.9; do
-    echo "== 3/3 real torch_xla tier $tier"
-    disk
-    XLA_PY=$(cat "results/xla-env-$tier.out" 2>/dev/null)
-    if [ "$(cat "results/xla-env-$tier.rc" 2>/dev/null)" = 0 ] && [ -x "$XLA_PY" ]; then
-      tests_start=$(date +%s)
-      TPU_CLOSURE_FIX_XLA_PYTHON="$XLA_PY" pytest_step "xla-$tier" tests/xla
-      echo "   (tier $tier: environment built in $(cat "results/xla-env-$tier.seconds") s during the matrix," \
-           "tests in $(( $(date +%s) - tests_start )) s)"
-    else
-      echo "!! building the torch_xla $tier environment failed (results/xla-env-$tier.log):"
-      tail -20 "results/xla-env-$tier.log"
-      status=1
-    fi
-  done
-  exit $status
-) > results/xla-tiers.log 2>&1 &
-xla_tiers=$!
-
-wait "$pythons_build"
-echo "== every other CPython 3.8-3.13 found: tests/unit, and a real-framework target at each end (scripts/pythons.py;"
-echo "   $base_minor ran stage 1 in the base venv)"
-cat results/pythons-build.log
-pythons_start=$(date +%s)
-"$PY" scripts/pythons.py test --results results --skip-minor "$base_minor" || status=1
-echo "   (interpreters' tests in $(( $(date +%s) - pythons_start )) s)"
-
-wait "$xla_tiers" || status=1
-cat results/xla-tiers.log
-
+finish_lane unit
+finish_lane readme-package
+finish_lane other-pythons
+finish_lane xla-tiers
 disk
-echo "== summary"
+echo "== summary ($(elapsed) after the base venv was ready)"
 "$PY" scripts/junit_summary.py results/junit-*.xml || status=1
 exit $status

@@ -67,6 +67,34 @@ ONLY_ON = {
                          "accelerate==1.15.0"),
 }
 
+#: Single tests of a module that do not depend on what varies between its targets run on fewer of
+#: them, keyed "module::function" (every parametrization of the function). Kept out on the other
+#: targets by collection, and counted as "deselected" in pytest's summary, never as passed or skipped.
+START_UP = ("pytorch-lightning==1.8.6",)  # start-up files, switch parsing, locales: no release, no wrapt in it
+WRAPT_HOOKS = ("pytorch-lightning==1.8.6", "pytorch-lightning==1.8.6+wrapt==1.14.1")  # wrapt's hooks, any release
+#: one target per call-site family: accelerator, Trainer plugin + Lite, fixed Trainer, Fabric XLAPrecision
+FAMILIES = ("pytorch-lightning==1.4.9", "pytorch-lightning==1.8.6", "pytorch-lightning==2.6.6",
+            "lightning-fabric==2.6.6")
+ONLY_ON_TESTS = {
+    # the release's modules are hooked: test_activation's import and .pth cases stay on REPRESENTATIVE
+    "test_activation.py::test_wheel_ships_startup_files": START_UP,
+    "test_activation.py::test_pth_idle_interpreter_pays_nothing": START_UP,
+    "test_activation.py::test_pythonstartup_interactive_only": START_UP,
+    "test_activation.py::test_switch_values": START_UP,
+    "test_activation.py::test_a_unicode_space_in_the_switch_is_a_bad_value_under_every_locale": START_UP,
+    "test_activation.py::test_a_line_break_in_the_switch_is_quoted_on_one_row": START_UP,
+    "test_activation.py::test_pth_plus_import_one_layer": WRAPT_HOOKS,
+    "test_activation.py::test_autowrapt_entry_point": WRAPT_HOOKS,
+    "test_activation.py::test_autowrapt_twins": WRAPT_HOOKS,
+    "test_activation.py::test_sitecustomize_example": WRAPT_HOOKS,
+    # the CLI's exit codes and output: the verdicts behind them are test_status_records' on every target
+    "test_engine.py::test_cli_status_exit_codes_and_json": FAMILIES,
+    "test_engine.py::test_unknown_release_is_left_untouched_and_reported": FAMILIES,
+    "test_engine.py::test_cli_table_via_console_script": START_UP,
+    # the text layout of check's report; its verdicts are the JSON tests' on every target of the module
+    "test_check.py::test_text_output_ends_with_the_reason_and_has_no_empty_heading": ("pytorch-lightning==2.6.6",),
+}
+
 #: Targets without Lightning: only the modules that list them in ONLY_ON run there.
 NOT_LIGHTNING = ("accelerate==", "optimum-neuron==")
 
@@ -79,6 +107,18 @@ def pytest_ignore_collect(collection_path, config):
     if targets is None:
         return name.startswith("test_") and TARGET.startswith(NOT_LIGHTNING)
     return TARGET not in targets
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leave out the tests ONLY_ON_TESTS keeps off this target (reported as deselected)."""
+    kept, left_out = [], []
+    for item in items:
+        key = "%s::%s" % (os.path.basename(str(item.fspath)), getattr(item, "originalname", None) or item.name)
+        targets = ONLY_ON_TESTS.get(key)
+        (left_out if targets is not None and TARGET not in targets else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
 
 
 def defined_where(condition):

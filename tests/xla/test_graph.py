@@ -14,7 +14,7 @@ or abort) and analyses the pending graph of the parameters:
   ``check`` exits 1 naming a patched site; fixed-upstream sites keep upstream's one all-reduce;
 * the harness self-test: the upstream order written by hand gives the same graph as the shim;
 * a graph check broken on purpose (torch_xla without any ordinal API) gives "could not verify",
-  exit 3, with the exception line as the reason, in text and JSON.
+  exit 3, with the exception line as the reason, in JSON (and in text on the 2.1 tier).
 """
 import re
 
@@ -286,7 +286,9 @@ def test_broken_graph_check_is_could_not_verify_in_json(tmp_path_factory):
     assert out["event_check"]["ok"] is True, out["event_check"]
 
 
-@defined_where(AVAILABLE)
+#: The text report is laid out by the same code on every tier: checked on the 2.1 tier only, whose check
+#: runs in a third of the 2.9 tier's time (the JSON test above checks the verdict on both).
+@defined_where(AVAILABLE and TORCH_XLA.split(".")[:2] == ["2", "1"])
 def test_broken_graph_check_is_could_not_verify_in_text(tmp_path_factory):
     code, text, _ = broken_check(tmp_path_factory)
     lines = text.rstrip("\n").splitlines()
