@@ -2,23 +2,24 @@
 # The whole test suite, from a fresh clone: installs what it needs (into .cache/), then runs
 #   1. tests/unit                       (no Lightning needed)
 #   2. the release matrix               (scripts/matrix.py: every target release x tests/target)
-#   3. the real-torch_xla tiers         (tests/xla, once per tier, each in its own venv, built in the
-#                                        background while the matrix runs:
+#   3. the real-torch_xla tiers         (tests/xla, once per tier, each in its own venv:
 #                                        torch_xla 2.1 + pytorch-lightning 1.8.6, and
 #                                        torch_xla 2.9 + lightning-fabric/pytorch-lightning/lightning 2.6.6)
-#   4. every other CPython 3.8-3.13     (scripts/pythons.py: tests/unit in a venv per interpreter, built in the
-#                                        background during the matrix; pytorch-lightning 1.8.6 on 3.8,
-#                                        lightning-fabric 2.6.6 and accelerate 1.15.0 on 3.13)
+#   4. every other CPython 3.8-3.13     (scripts/pythons.py: tests/unit in a venv per interpreter;
+#                                        pytorch-lightning 1.8.6 on 3.8, lightning-fabric 2.6.6 and
+#                                        accelerate 1.15.0 on 3.13)
 # and ends with one closing line 'N passed, N failed, N skipped' over all of them.
-# The matrix runs all 29 targets, two at a time: 40.6 min in the fresh-clone run of d863a00 (slowest targets
-# pytorch-lightning 1.8.6 1,148 s and lightning-fabric 2.6.6 723 s); options go to scripts/matrix.py
-# (`--smoke`: one target per call-site family; `--targets A,B`; `--no-prune` keeps every
-# target folder, about 2.3 GiB, instead of deleting each after its tests: its wheels stay
-# cached in .cache/wheels either way).  Free disk is printed before each stage.  Disk under
-# .cache/: the two torch_xla venvs take 5.1 GiB (2.1) and 7.1 GiB (2.9) (du -h) and are kept for the next
-# run; with the base venv, the demo's dependencies, the other interpreters' venvs, the wheel cache and the
-# matrix's two target folders .cache/ ends at about 21 GiB, and the run peaks at about 22 GiB written.
-# A fresh-clone run takes about 60 min (README, "ci-figures").
+# Once the base venv is ready, everything but the matrix runs as a background lane beside it (unit tests,
+# README and package checks, the matrix's wheel downloads, the torch_xla venvs and tiers, the other
+# interpreters): on 2 cores the run is bound by the CPU time of all stages together, so no stage waits
+# for one it does not need. The matrix starts once its wheels are fetched and runs its targets two at a
+# time; afterwards the property tests and the benchmarks' smoke mode; then each lane's output is printed
+# and its exit code counted. Options go to scripts/matrix.py (`--smoke`: one target per call-site family;
+# `--targets A,B`; `--no-prune` keeps every target folder, about 2.3 GiB, instead of deleting each after
+# its tests: its wheels stay cached in .cache/wheels either way).  Disk under .cache/: the two torch_xla
+# venvs take 5.1 GiB (2.1) and 7.1 GiB (2.9) (du -h) and are kept for the next run; with the base venv,
+# the demo's dependencies, the other interpreters' venvs, the wheel cache and the matrix's two target
+# folders .cache/ ends at about 21 GiB. Figures of a fresh-clone run: README, "ci-figures".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh || exit 1
