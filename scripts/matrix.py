@@ -62,8 +62,8 @@ SMOKE = ("pytorch-lightning==1.4.9", "pytorch-lightning==1.8.6", "pytorch-lightn
          "lightning-fabric==2.6.6", "accelerate==1.15.0", "optimum-neuron==0.4.5")
 
 #: Started first, so that no long target is left running alone at the end: the targets that run the
-#: most test modules (tests/target/conftest.py ONLY_ON); 1,263 s, 647 s and 236 s in a fresh-clone run
-#: with every other stage of scripts/test.sh running beside the matrix.
+#: most target tests (tests/target/conftest.py ONLY_ON), in that order of duration: in a fresh-clone run of
+#: scripts/test.sh, with its other stages running beside the matrix, about 22, 10 and 5 min.
 SLOWEST = ("pytorch-lightning==1.8.6", "lightning-fabric==2.6.6", "pytorch-lightning==1.8.6+wrapt==1.14.1")
 
 

@@ -31,11 +31,19 @@ REPLICAS = 2
 TIMEOUT = 600
 
 
-#: Test modules that do not depend on the Lightning release beyond the import machinery run on a
-#: few representative targets only (the main affected Trainer+Lite release, the oldest supported
-#: wrapt, the newest Fabric); every other module runs on every target. Declared here, in one place.
+#: Where the target tests run, in one table. A key is a test module ("test_x.py": the module is not even
+#: collected elsewhere) or one test function of it ("test_x.py::test_y", every parametrization: collected,
+#: then deselected elsewhere, and counted as "deselected" in pytest's summary, never as passed or skipped).
+#: A module without a row runs on every Lightning target; a function without a row, wherever its module runs.
+#: What does not depend on the release beyond the import machinery runs on a few targets that can tell:
 REPRESENTATIVE = ("pytorch-lightning==1.8.6", "pytorch-lightning==1.8.6+wrapt==1.14.1", "lightning-fabric==2.6.6")
+START_UP = ("pytorch-lightning==1.8.6",)  # start-up files, switch parsing, locales: no release, no wrapt in it
+WRAPT_HOOKS = ("pytorch-lightning==1.8.6", "pytorch-lightning==1.8.6+wrapt==1.14.1")  # wrapt's hooks, any release
+#: one target per call-site family: accelerator, Trainer plugin + Lite, fixed Trainer, Fabric XLAPrecision
+FAMILIES = ("pytorch-lightning==1.4.9", "pytorch-lightning==1.8.6", "pytorch-lightning==2.6.6",
+            "lightning-fabric==2.6.6")
 ONLY_ON = {
+    # the main affected Trainer+Lite release, the oldest supported wrapt, the newest Fabric
     "test_activation.py": REPRESENTATIVE,
     "test_faults.py": ("pytorch-lightning==1.8.6",),
     "test_unhooked.py": ("pytorch-lightning==1.8.6",),
@@ -65,18 +73,8 @@ ONLY_ON = {
     # status's protection claims against the recorded order: one target per site family, constructed releases
     "test_verdicts.py": ("pytorch-lightning==1.8.6", "pytorch-lightning==2.6.6", "lightning-fabric==2.6.6",
                          "accelerate==1.15.0"),
-}
-
-#: Single tests of a module that do not depend on what varies between its targets run on fewer of
-#: them, keyed "module::function" (every parametrization of the function). Kept out on the other
-#: targets by collection, and counted as "deselected" in pytest's summary, never as passed or skipped.
-START_UP = ("pytorch-lightning==1.8.6",)  # start-up files, switch parsing, locales: no release, no wrapt in it
-WRAPT_HOOKS = ("pytorch-lightning==1.8.6", "pytorch-lightning==1.8.6+wrapt==1.14.1")  # wrapt's hooks, any release
-#: one target per call-site family: accelerator, Trainer plugin + Lite, fixed Trainer, Fabric XLAPrecision
-FAMILIES = ("pytorch-lightning==1.4.9", "pytorch-lightning==1.8.6", "pytorch-lightning==2.6.6",
-            "lightning-fabric==2.6.6")
-ONLY_ON_TESTS = {
-    # the release's modules are hooked: test_activation's import and .pth cases stay on REPRESENTATIVE
+    # single tests: the import and .pth cases of test_activation hook the release's modules and stay on
+    # REPRESENTATIVE; these hook none of them (or only wrapt's machinery)
     "test_activation.py::test_wheel_ships_startup_files": START_UP,
     "test_activation.py::test_pth_idle_interpreter_pays_nothing": START_UP,
     "test_activation.py::test_pythonstartup_interactive_only": START_UP,
@@ -110,11 +108,11 @@ def pytest_ignore_collect(collection_path, config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Leave out the tests ONLY_ON_TESTS keeps off this target (reported as deselected)."""
+    """Deselect the test functions whose ONLY_ON row does not list this target."""
     kept, left_out = [], []
     for item in items:
         key = "%s::%s" % (os.path.basename(str(item.fspath)), getattr(item, "originalname", None) or item.name)
-        targets = ONLY_ON_TESTS.get(key)
+        targets = ONLY_ON.get(key)
         (left_out if targets is not None and TARGET not in targets else kept).append(item)
     if left_out:
         config.hook.pytest_deselected(items=left_out)

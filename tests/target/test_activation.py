@@ -21,7 +21,7 @@ import pytest
 
 from conftest import REPO, TESTS
 
-# Runs on the representative targets only, some tests on fewer: see ONLY_ON and ONLY_ON_TESTS in conftest.py.
+# Runs on the representative targets only, some tests on fewer: see ONLY_ON in conftest.py.
 
 
 def _site_list():

@@ -1,6 +1,6 @@
-"""Which release-matrix targets run which target tests (tests/target/conftest.py ONLY_ON and
-ONLY_ON_TESTS): every entry names a test module, function and target that exist, so a renamed test or
-target cannot silently drop out of the matrix."""
+"""Which release-matrix targets run which target tests (tests/target/conftest.py ONLY_ON): every row
+names a test module (and function) and targets that exist, so a renamed test or target cannot silently
+drop out of the matrix."""
 import ast
 import importlib.util
 import os
@@ -36,17 +36,32 @@ def _test_functions(module_file):
     return {node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")}
 
 
+def _rows(selection):
+    """ONLY_ON split by key kind: {module file: targets}, {(module file, function): targets}."""
+    modules, functions = {}, {}
+    for key, names in selection.ONLY_ON.items():
+        if "::" in key:
+            functions[tuple(key.split("::"))] = names
+        else:
+            modules[key] = names
+    return modules, functions
+
+
 def test_every_module_entry_names_a_module_and_known_targets(selection, targets):
-    for module_file, names in selection.ONLY_ON.items():
+    modules, _ = _rows(selection)
+    assert modules
+    for module_file, names in modules.items():
         assert os.path.isfile(os.path.join(TARGET_TESTS, module_file)), module_file
         assert names and set(names) <= targets, (module_file, set(names) - targets)
 
 
 def test_every_test_entry_names_a_test_function_and_targets_its_module_runs_on(selection, targets):
-    for key, names in selection.ONLY_ON_TESTS.items():
-        module_file, function = key.split("::")
+    modules, functions = _rows(selection)
+    assert functions
+    for (module_file, function), names in functions.items():
+        key = module_file + "::" + function
         assert function in _test_functions(module_file), key
         assert names and set(names) <= targets, (key, set(names) - targets)
-        module_targets = selection.ONLY_ON.get(module_file)
+        module_targets = modules.get(module_file)
         if module_targets is not None:  # a test restricted to targets its module never runs on would never run
             assert set(names) <= set(module_targets), (key, set(names) - set(module_targets))
