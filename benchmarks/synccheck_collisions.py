@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """How often can two changed words of a tensor go unseen by SyncCheck's bit hash? Measured, not a test.
 
-The bit hash of a tensor (tpu_closure_fix/fingerprint.py) is the sum mod 2^32 of one contribution per
+The bit hash of a tensor (tpu_closure_fix/synccheck/fingerprint.py) is the sum mod 2^32 of one contribution per
 32-bit word, ``mix(word XOR key(position))``. One changed word always changes the sum (``mix`` and the
 XOR are bijections: this script checks it for every word). Two changed words go unseen exactly when
 their contributions' changes cancel: ``d_i + d_j == 0 (mod 2^32)``. For the changes of the "+e on one
@@ -33,7 +33,7 @@ def _unsigned(int32_tensor):
 
 
 def _contributions(tensor, position=3):
-    from tpu_closure_fix import fingerprint
+    from tpu_closure_fix.synccheck import fingerprint
 
     return _unsigned(fingerprint.contributions(fingerprint.words(tensor), 0, position))
 
@@ -86,7 +86,7 @@ def swaps(base, samples, seed=0):
     """Random swaps of two unequal elements: the hash change, full 32 bits and its low 16 bits."""
     import torch
 
-    from tpu_closure_fix import fingerprint
+    from tpu_closure_fix.synccheck import fingerprint
 
     gen = torch.Generator().manual_seed(seed)
     w = fingerprint.words(base)

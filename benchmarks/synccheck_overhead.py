@@ -7,8 +7,9 @@ forward, backward, gradient all-reduce (mean), SGD step -- the step SyncCheck ru
 measurements, both on rank 0, both with the replicas in lock-step:
 
 1. Paired blocks: ``--reps`` pairs of blocks of ``every`` steps (default: SyncCheck's DEFAULT_EVERY),
-   one block plain, one calling ``check_sync(model, step, every)`` after every step (so it holds exactly
-   one check); the order alternates (ABBA) to cancel drift. Overhead = median over pairs of
+   one block plain, one calling ``check_sync(model, step, every)`` after every step with the steps
+   ``every + 1 .. 2 * every`` (past the checks at steps 0 and 1 of a run, so the block holds exactly one
+   check); the order alternates (ABBA) to cancel drift. Overhead = median over pairs of
    ``t_check / t_plain - 1``.
 2. Components: median time of one step and of one comparison (``compare_replicas``: fingerprints, one
    collective, host copy), each over many repetitions; overhead = check / (every * step).
@@ -83,8 +84,8 @@ def worker(rank, world, port, cfg):
         start = time.perf_counter()
         for i in range(1, every + 1):
             step()
-            if check:
-                synccheck.check_sync(model, i, every=every)
+            if check:  # steps every+1 .. 2*every: exactly one check, at 2*every
+                synccheck.check_sync(model, every + i, every=every)
         return time.perf_counter() - start
 
     for _ in range(cfg["warmup"]):

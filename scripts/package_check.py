@@ -8,7 +8,8 @@
 2. ``twine check --strict`` on the sdist and both wheels (metadata, the README rendering as the long
    description).
 3. Each wheel holds the start-up files at the root of site-packages (the .pth, its PEP 829 .start twin and
-   the module they import) and the launcher's ``tpu_closure_fix/_bootstrap`` folder; the wheel built from
+   the module they import), the launcher's ``tpu_closure_fix/_bootstrap`` folder and every module of the
+   package in the checkout, subpackages (``tpu_closure_fix/synccheck/``) included; the wheel built from
    the sdist holds the same files, byte for byte, as the one built from the checkout.
 4. The sdist and the wheel each installed into a fresh venv (their dependencies from the package index),
    where ``tpu-closure-fix status`` runs and exits 0 (nothing is installed to patch).
@@ -84,9 +85,20 @@ def wheel_files(path):
                 if not name.endswith(".dist-info/RECORD")}
 
 
+def package_files():
+    """Every Python module of the package in the checkout, its subpackages (``tpu_closure_fix/synccheck/``...)
+    included: a subpackage the build configuration left out would break ``import tpu_closure_fix``."""
+    found = []
+    for root, dirs, names in os.walk(os.path.join(REPO, "tpu_closure_fix")):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        found += [os.path.relpath(os.path.join(root, name), REPO).replace(os.sep, "/") for name in names
+                  if name.endswith(".py")]
+    return tuple(sorted(found))
+
+
 def missing_files(files):
-    """The required files (ROOT_FILES, BOOTSTRAP_FILES) that ``files`` lacks."""
-    return [name for name in ROOT_FILES + BOOTSTRAP_FILES if name not in files]
+    """The required files (ROOT_FILES, BOOTSTRAP_FILES, every module of the package) that ``files`` lacks."""
+    return [name for name in ROOT_FILES + BOOTSTRAP_FILES + package_files() if name not in files]
 
 
 def differences(first, second):
@@ -129,7 +141,8 @@ def main(argv=None):
     listings = {key: wheel_files(dists[key]) for key in ("wheel", "wheel_from_sdist")}
     for key, files in listings.items():
         absent = missing_files(files)
-        report(not absent, "%s holds %s" % (key, ", ".join(ROOT_FILES + BOOTSTRAP_FILES)), "missing: %s" % absent)
+        report(not absent, "%s holds %s and every module of tpu_closure_fix (%d, subpackages included)"
+               % (key, ", ".join(ROOT_FILES + BOOTSTRAP_FILES), len(package_files())), "missing: %s" % absent)
     diff = differences(listings["wheel"], listings["wheel_from_sdist"])
     report(not diff, "the wheel built from the sdist holds the same files", "differ: %s" % diff)
     for key in ("sdist", "wheel"):

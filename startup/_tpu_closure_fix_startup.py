@@ -19,8 +19,8 @@ training framework, so it does as little as it can:
 * it has only the functions start-up and firing need: each one is unmarshalled
   at every interpreter start.
 
-Only when a watched top-level package (a framework, or torch_xla) is about to
-be imported does ``find_spec`` take this module off ``sys.meta_path`` and import
+Only when a watched top-level package (a framework, or torch_xla; torch too when
+``TPU_CLOSURE_FIX_SYNC_CHECK`` is set) is about to be imported does ``find_spec`` take this module off ``sys.meta_path`` and import
 ``tpu_closure_fix``, which brings wrapt and the real post-import hooks. It always
 answers ``None``: the normal finders load the module.
 
@@ -47,9 +47,14 @@ OFF_VALUES = frozenset(("0", "false", "off", "no"))
 SYNC_CHECK_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK"
 
 
+# What else activates, set by install(): torch when TPU_CLOSURE_FIX_SYNC_CHECK asks for the check, so that
+# every process of a job arms it when it imports torch, whatever else it imports or probes.
+_also_watched = frozenset()
+
+
 def find_spec(fullname, path=None, target=None):
     """The finder protocol: on the first watched top-level package, disarm and activate. Finds nothing."""
-    if fullname in WATCHED_PACKAGES:
+    if fullname in WATCHED_PACKAGES or fullname in _also_watched:
         uninstall()
         _activate()
     return None
@@ -71,7 +76,9 @@ def install():
             return
     if _disabled_by_environment():  # TPU_CLOSURE_FIX=0 without TPU_CLOSURE_FIX_SYNC_CHECK
         return
-    if any(name in sys.modules for name in WATCHED_PACKAGES):
+    global _also_watched
+    _also_watched = frozenset(("torch",)) if _sync_check_asked() else frozenset()
+    if any(name in sys.modules for name in WATCHED_PACKAGES | _also_watched):
         _activate()
     else:
         sys.meta_path.insert(0, watcher)
@@ -105,6 +112,13 @@ def _disabled_by_environment():
     switch = environ.get("TPU_CLOSURE_FIX", "").strip(ascii_whitespace)
     return (switch.isascii() and switch.lower() in OFF_VALUES
             and environ.get(SYNC_CHECK_VAR, "").strip(ascii_whitespace) in ("", "0"))
+
+
+def _sync_check_asked():
+    # TPU_CLOSURE_FIX_SYNC_CHECK set to anything but empty or 0 (a bad value is tpu_closure_fix's to warn about).
+    import os  # a local name, never a global: see the module docstring
+
+    return os.environ.get(SYNC_CHECK_VAR, "").strip(" \t\n\r\x0b\x0c") not in ("", "0")
 
 
 def _activate():

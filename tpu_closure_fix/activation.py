@@ -29,9 +29,9 @@ def arm_sync_check():
     if not os.environ.get(SYNC_CHECK_VAR):
         return
     try:
-        from . import synchook
+        from .synccheck import hook
 
-        synchook.arm_from_environment()
+        hook.arm_from_environment()
     except Exception as exc:  # never break the importing program
         warnings.warn("tpu-closure-fix: the zero-code sync check could not be armed (%s: %s)"
                       % (type(exc).__name__, exc), TPUClosureFixWarning, stacklevel=2)

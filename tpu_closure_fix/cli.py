@@ -29,9 +29,9 @@ def _sync_check_line():
 
     if not os.environ.get(SYNC_CHECK_VAR):
         return "zero-code sync check: off (%s unset)" % SYNC_CHECK_VAR
-    from . import synchook
+    from .synccheck import hook
 
-    return synchook.status_line()
+    return hook.status_line()
 
 
 def build_parser():

@@ -8,7 +8,7 @@ import os
 import warnings
 
 ENV_VAR = "TPU_CLOSURE_FIX"
-#: Arms the zero-code SyncCheck (tpu_closure_fix.synchook): N optimizer steps between checks.
+#: Arms the zero-code SyncCheck (tpu_closure_fix.synccheck.hook): N optimizer steps between checks.
 SYNC_CHECK_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK"
 ON_VALUES = frozenset(("1", "true", "on", "yes"))
 OFF_VALUES = frozenset(("0", "false", "off", "no"))

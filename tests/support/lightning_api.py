@@ -378,8 +378,9 @@ def run_lite(scenario, rank, world, harness):
 # --------------------------------------------------------------------------- SyncCheck (issue #5)
 # Optional scenario key ``"synccheck": N``: the Trainer gets a tpu_closure_fix.SyncCheck(every=N)
 # callback, the Lite/Fabric loop calls tpu_closure_fix.check_sync(model, step, every=N) after each
-# step. Every check's report and every warning message go to ``synccheck_results()``.
-_synccheck = {"reports": [], "warnings": []}
+# step. Every check's report and every warning message go to ``synccheck_results()`` (the callback's reports
+# are read from the callback: it starts a fresh list at every ``fit``).
+_synccheck = {"reports": [], "warnings": [], "callback": None}
 
 
 def _synccheck_divergence(report):
@@ -392,19 +393,19 @@ def _synccheck_divergence(report):
 
 
 def synccheck_callbacks(scenario):
-    _synccheck["reports"], _synccheck["warnings"] = [], []
+    _synccheck["reports"], _synccheck["warnings"], _synccheck["callback"] = [], [], None
     if not scenario.get("synccheck"):
         return []
     from tpu_closure_fix import synccheck
 
     callback = synccheck.SyncCheck(every=scenario["synccheck"], on_divergence=_synccheck_divergence)
-    callback.reports = _synccheck["reports"]
+    _synccheck["callback"] = callback
     return [callback]
 
 
 def synccheck_step(scenario, model, step):
     if step == 1:
-        _synccheck["reports"], _synccheck["warnings"] = [], []
+        _synccheck["reports"], _synccheck["warnings"], _synccheck["callback"] = [], [], None
     if not scenario.get("synccheck"):
         return
     from tpu_closure_fix import synccheck
@@ -415,4 +416,6 @@ def synccheck_step(scenario, model, step):
 
 
 def synccheck_results():
-    return {"reports": [r.as_dict() for r in _synccheck["reports"]], "warnings": list(_synccheck["warnings"])}
+    callback = _synccheck["callback"]
+    reports = callback.reports if callback is not None else _synccheck["reports"]
+    return {"reports": [r.as_dict() for r in reports], "warnings": list(_synccheck["warnings"])}

@@ -8,9 +8,12 @@ gathered from all replicas (``torch.distributed.all_gather_object``).
 
 Run as a replica process (``python -m support.synccheck_corpus --rank R --world W --port P --backend
 gloo|xla-standin --out FILE``): every kind and twin goes through ``compare_replicas`` once -- the
-first check -- over torch.distributed (gloo) or through the torch_xla stand-in (whose
-``xm.all_reduce`` is delegated to gloo); the result file holds, per case, the report and the
-oracle's verdict. tests/unit/test_synccheck_replicas.py starts the replicas and asserts.
+first check -- over torch.distributed (gloo) or through the XLA channel on the torch_xla stand-in
+(whose ``xm.all_reduce`` / ``xm.all_gather`` are delegated to gloo). The stand-in needs a process group
+for its collectives, and with a process group initialised SyncCheck uses torch.distributed (its own gloo
+group) even when torch_xla is imported: the result file records that choice (``default_backend``), then
+the XLA channel is pinned for the cases. The result file holds, per case, the report and the oracle's
+verdict. tests/unit/test_synccheck_replicas.py starts the replicas and asserts.
 """
 import argparse
 import hashlib
@@ -110,7 +113,8 @@ def _large_tensor(rank, world, twin):
 
 
 def _many_tensors(rank, world, twin):
-    """More tensors than fingerprint slots: several tensors share a slot."""
+    """More tensors than fingerprint slots: several tensors share a slot (t1050 shares slot 26 with t26),
+    yet the differing tensor is named exactly."""
     tensors = [("t%d" % k, _base(3, seed=k)) for k in range(1100)]
     if not twin and _last(rank, world):
         tensors[1050] = ("t1050", _bump_ulp(tensors[1050][1], 1))
@@ -147,14 +151,15 @@ def _dtype(rank, world, twin):
 
 
 def _no_parameters(rank, world, twin):
-    """Divergent: the last replica holds no parameters (it still joins). Twin: none anywhere."""
+    """The last replica holds no parameters (it still joins), or (twin) none anywhere: nothing can be
+    compared on that replica, so the check is "unverified" either way -- never "identical" unseen."""
     if twin or _last(rank, world):
         return []
     return [("a", _base(3))]
 
 
 #: name -> (build, outcome of the divergent version); every twin's outcome is "identical", but the
-#: non-finite kind's twin, whose outcome is "nonfinite".
+#: non-finite kind's twin ("nonfinite") and the no-parameters kind's twin ("unverified").
 KINDS = {
     "no-allreduce-sgd": (_trained("sgd"), "differ"),
     "no-allreduce-momentum": (_trained("momentum"), "differ"),
@@ -172,9 +177,9 @@ KINDS = {
     "structure-count": (_count, "structure"),
     "structure-shape": (_shape, "structure"),
     "structure-dtype": (_dtype, "structure"),
-    "structure-no-parameters": (_no_parameters, "structure"),
+    "no-parameters": (_no_parameters, "unverified"),
 }
-TWIN_OUTCOME = {"nonfinite": "nonfinite"}
+TWIN_OUTCOME = {"nonfinite": "nonfinite", "no-parameters": "unverified"}
 
 
 # --------------------------------------------------------------------------- the oracle
@@ -206,6 +211,8 @@ def oracle(named):
             "bytes": [_digest(t) for _, t in named],
             "nonfinite": any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for _, t in named)}
     everyone = _gather_json(mine)
+    if any(not o["structure"] for o in everyone):  # a replica with nothing to compare: no verdict
+        return "unverified", []
     if any(o["structure"] != everyone[0]["structure"] for o in everyone):  # compared as JSON read them
         return "structure", []
     differing = [name for k, (name, _) in enumerate(named) if len({o["bytes"][k] for o in everyone}) > 1]
@@ -219,13 +226,24 @@ def expected(kind, twin):
 
 
 # --------------------------------------------------------------------------- the replica process
+class Model(object):
+    """The case's tensors as a model would give them (``named_parameters()``): an object SyncCheck keeps a
+    history of checks for (a plain list gets none), so each case is its own first check."""
+
+    def __init__(self, named):
+        self.named = named
+
+    def named_parameters(self):
+        return iter(self.named)
+
+
 def run_case(kind, twin, rank, world):
     from tpu_closure_fix import synccheck
 
     build, _ = KINDS[kind]
     named = build(rank, world, twin)
     truth, truly_differing = oracle(named)
-    report = synccheck.compare_replicas(named, step=1)
+    report = synccheck.compare_replicas(Model(named), step=1)
     return {"kind": kind, "twin": twin, "expected": expected(kind, twin), "oracle": truth,
             "oracle_differing": truly_differing,
             "outcome": getattr(report, "outcome", None), "diverged": None if report is None else report.diverged,
@@ -244,6 +262,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import torch.distributed as dist
 
+    from tpu_closure_fix.synccheck import comm
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=args.rank,
                             world_size=args.world)
@@ -252,10 +272,16 @@ def main(argv=None):
 
         xla_standin.configure(args.world, args.rank)
         xla_standin.install()
+    default_backend = getattr(comm.channel(), "kind", None)  # with a process group: torch.distributed
+    if args.backend == "xla-standin":
+        import torch_xla.core.xla_model as xm
+
+        pinned = comm.XlaChannel(xm, args.world)
+        comm.channel = lambda timeout=None: pinned  # the path of XLA without a process group
     cases = [run_case(kind, twin, args.rank, args.world) for kind in args.kinds.split(",")
              for twin in (False, True)]
     with open(args.out, "w") as handle:
-        json.dump({"rank": args.rank, "cases": cases}, handle)
+        json.dump({"rank": args.rank, "default_backend": default_backend, "cases": cases}, handle)
     dist.barrier()
     sys.stdout.flush()
     os._exit(0)  # gloo's teardown can stall a process whose peers already left

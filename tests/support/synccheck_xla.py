@@ -3,7 +3,8 @@
 Run in a torch_xla environment as ``PJRT_DEVICE=CPU CPU_NUM_DEVICES=2 python -m support.synccheck_xla``;
 prints one result line (``RESULT_MARK`` + JSON: ordinal -> findings). In every replica thread:
 
-1. the fingerprint vector of tensors of every parameter dtype (f32, bf16, fp16, f64, with NaN and inf),
+1. the fingerprint vector of tensors of every parameter dtype (f32, bf16, fp16, f64, with NaN and inf; and
+   int64, int8, uint8, bool, int16 buffers: every way a tensor's bits become words on XLA),
    computed on the XLA device, against the same computed on the CPU: the exact fields (structure, bit
    hashes, non-finite counts) must be bitwise equal, the float sums close (XLA may sum in another order);
 2. one ``compare_replicas`` on a model on the XLA device, traced: torch_xla's ``xm.all_reduce`` is
@@ -31,7 +32,11 @@ def _tensors():
     special = torch.tensor([float("nan"), 1.5, float("inf"), -float("inf"), -0.0])
     return [torch.randn(7, 5, generator=gen), torch.randn(300, generator=gen).to(torch.bfloat16),
             torch.randn(11, generator=gen).to(torch.float16), torch.randn(4, 4, generator=gen).double(),
-            special, torch.randn(3, 1, 2, generator=gen)]
+            special, torch.randn(3, 1, 2, generator=gen),
+            torch.randint(-2 ** 40, 2 ** 40, (6,), generator=gen),
+            torch.randint(-128, 128, (9,), generator=gen).to(torch.int8),
+            torch.randint(0, 256, (5,), generator=gen).to(torch.uint8), torch.randint(-3, 3, (4,), generator=gen) > 0,
+            torch.randint(-2 ** 15, 2 ** 15, (3,), generator=gen).to(torch.int16)]
 
 
 def _device():
@@ -56,11 +61,11 @@ def _ordinal():
 def _fingerprint_matches(device):
     import torch
 
-    from tpu_closure_fix import fingerprint
+    from tpu_closure_fix.synccheck import fingerprint
 
     tensors = _tensors()
     on_cpu = fingerprint.local_vector(tensors)
-    on_xla = fingerprint.local_vector([t.to(device) for t in tensors], device).cpu()
+    on_xla = fingerprint.local_vector([t.to(device) for t in tensors], device=device).cpu()
     _, floats, _ = fingerprint._layout(fingerprint.SLOTS)  # the exact fields come first
     hashes = [fingerprint.unsigned32(fingerprint.bit_hash(t, k)) for k, t in enumerate(tensors)]
     hashes_xla = [fingerprint.unsigned32(fingerprint.bit_hash(t.to(device), k).cpu()) for k, t in enumerate(tensors)]

@@ -156,7 +156,7 @@ RUNNERS = {"torch": run_torch, "xla": run_xla, "xla-real": run_real_xla, "traine
 
 
 def zero_code_state():
-    synchook = sys.modules.get("tpu_closure_fix.synchook")
+    synchook = sys.modules.get("tpu_closure_fix.synccheck.hook")
     if synchook is None:
         return {"loaded": False, "armed_every": 0, "checks": 0, "last_report": None}
     report = synchook.seen["last_report"]

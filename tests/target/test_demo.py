@@ -71,5 +71,7 @@ def test_diverges_without_the_shim_and_not_with_it(demo):
     assert all(d == 0 for d in on["divergence"]) and off["divergence"][-1] > 0
     accuracies = {r["accuracy"] for r in on["replicas"].values()}
     assert len(accuracies) == 1, "with the shim every replica holds the same model"
-    assert off["synccheck"]["warned_steps"] == [3, 6] and on["synccheck"] == {"checks": 2, "warned_steps": []}
+    # the callback checks at the start (identical: the replicas start alike), after step 1 and every 3 steps
+    assert off["synccheck"] == {"checks": 4, "warned_steps": [1, 3, 6]}
+    assert on["synccheck"] == {"checks": 4, "warned_steps": []}
     assert "final loss" in stdout and "test accuracy" in stdout and "bitwise identical" in stdout

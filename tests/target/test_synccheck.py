@@ -2,11 +2,14 @@
 
 Two replica processes train with SyncCheck attached (scenario key ``"synccheck": N``: the Trainer gets a
 ``SyncCheck(every=N)`` callback, the Lite/Fabric loop calls ``check_sync(model, step, every=N)``). The
-comparison goes through the backend SyncCheck picks: torch_xla's ``xm.all_reduce`` (the stand-in's,
-delegated to gloo), since torch_xla is importable there with world size 2.
+comparison goes through the backend SyncCheck picks: torch.distributed (a gloo group of its own), since a
+process group is initialised there -- even though torch_xla (the stand-in) is imported with world size 2.
+The callback checks when training starts (step 0), after step 1 and every N steps; ``check_sync``, called
+after each step, at step 1 and every N steps.
 
-* Without the shim (TPU_CLOSURE_FIX=0), where the release is affected: every check reports divergence
-  and warns, naming the step, the worst parameter and the divergence.
+* Without the shim (TPU_CLOSURE_FIX=0), where the release is affected: the replicas start identical
+  (step 0), then every check reports divergence and warns, naming the step, the worst parameter, the
+  divergence and which rank holds which version.
 * With the shim: every check runs and finds the replicas bitwise identical (outcome "identical",
   divergence exactly 0); no warning.
 * One device: nothing to compare, no check runs.
@@ -58,13 +61,20 @@ def _sync(runs, shim, rank, name):
     return runs[shim][rank]["scenarios"][name]["synccheck"]
 
 
-def test_checks_run_every_n_steps_on_every_replica(runs):
+def _checked_steps(scenario):
+    """The callback: at the start (0), after step 1, every N; check_sync after each step: 1, every N."""
+    start = [0] if scenario["api"] == "trainer" else []
+    return start + [1] + list(range(EVERY, STEPS + 1, EVERY))
+
+
+def test_checks_run_at_the_first_step_and_every_n_steps_on_every_replica(runs):
     for shim in (True, False):
         for rank in (0, 1):
             for s in SCENARIOS:
                 reports = _sync(runs, shim, rank, s["name"])["reports"]
-                assert [r["step"] for r in reports] == list(range(EVERY, STEPS + 1, EVERY)), (shim, s["name"])
-                assert all(r["world_size"] == 2 and r["backend"] == "xla" for r in reports)
+                assert [r["step"] for r in reports] == _checked_steps(s), (shim, s["name"])
+                assert all(r["world_size"] == 2 and r["backend"] == "torch.distributed" for r in reports)
+                assert reports[0]["first_check"] and not any(r["first_check"] for r in reports[1:])
 
 
 def test_fires_without_the_shim(runs):
@@ -73,12 +83,17 @@ def test_fires_without_the_shim(runs):
             continue
         for rank in (0, 1):
             result = _sync(runs, False, rank, s["name"])
-            assert all(r["diverged"] and r["outcome"] == "differ" for r in result["reports"]), result
-            assert all(r["max_divergence"] > r["tolerance"] for r in result["reports"])
-            assert len(result["warnings"]) == len(result["reports"])
+            trained = [r for r in result["reports"] if r["step"] > 0]
+            assert all(r["outcome"] == "identical" for r in result["reports"] if r["step"] == 0), result
+            assert all(r["diverged"] and r["outcome"] == "differ" for r in trained), result
+            assert all(r["max_divergence"] > r["tolerance"] for r in trained)
+            assert all(r["versions"] == [[0], [1]] for r in trained)
+            # on_divergence is a callable here: called on every rank (only "warn" is rank 0's alone)
+            assert len(result["warnings"]) == len(trained)
             first = result["warnings"][0]
-            worst = result["reports"][0]["worst_parameter"]
-            assert "step %d" % EVERY in first and repr(worst) in first and "divergence" in first, first
+            worst = trained[0]["worst_parameter"]
+            assert "step 1" in first and repr(worst) in first and "divergence" in first, first
+            assert "rank 0 holds one version; rank 1 holds another" in first, first
             assert "tpu-closure-fix" in first and "missing or misplaced gradient reduction?" in first
         # MAX all-reduce: every replica reaches the same verdict, so a "raise" stops them all together.
         assert (_sync(runs, False, 0, s["name"])["reports"] == _sync(runs, False, 1, s["name"])["reports"])
@@ -103,18 +118,24 @@ def test_does_nothing_on_a_single_device(tmp_path):
 def test_report_message_warn_and_raise():
     from tpu_closure_fix import synccheck
     from tpu_closure_fix.config import TPUClosureFixWarning
+    from tpu_closure_fix.synccheck.report import act
 
-    report = synccheck.SyncReport(300, 8, "xla", ["a.weight", "b.bias"], [0.5, 0.0], [1e-2, 0.0], 1e-6)
+    report = synccheck.SyncReport(300, 8, "xla", ["a.weight", "b.bias"], [0.5, 0.0], [1e-2, 0.0], 1e-6,
+                                  outcome="differ", differing=[0], versions=[[0, 1, 2, 3, 4, 5, 6], [7]])
     assert report.diverged and report.worst_parameter == "a.weight" and report.diverged_count == 1
-    with pytest.warns(TPUClosureFixWarning, match=r"step 300.*'a\.weight'.*0\.01"):
-        synccheck._act(report, "warn")
+    with pytest.warns(TPUClosureFixWarning, match=r"step 300.*ranks 0-6 hold one version; rank 7 holds another.*"
+                                                 r"'a\.weight'.*0\.01"):
+        act(report, "warn")
+    with warnings.catch_warnings():  # rank 0 speaks for the job; the others log at debug level
+        warnings.simplefilter("error")
+        act(report, "warn", rank=3)
     with pytest.raises(synccheck.ReplicaDivergenceError, match="step 300") as info:
-        synccheck._act(report, "raise")
+        act(report, "raise", rank=3)
     assert info.value.report is report
     ok = synccheck.SyncReport(300, 8, "xla", ["a.weight"], [0.0], [0.0], 1e-6)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        synccheck._act(ok, "raise")
+        act(ok, "raise")
 
 
 def test_single_process_is_a_no_op():
@@ -153,7 +174,8 @@ def test_callback_is_a_lightning_callback_made_lazily():
         "assert isinstance(cb, pl.Callback) and isinstance(cb, cls), type(cb).__mro__\n"
         "assert cb.every == 5 and type(cls()) is type(cb)\n"
         "import pickle; assert pickle.loads(pickle.dumps(cb)).every == 5\n"
-        "assert tpu_closure_fix.check_sync.__module__ == 'tpu_closure_fix.synccheck'\n"
+        "assert tpu_closure_fix.check_sync.__module__ == 'tpu_closure_fix.synccheck.compare'\n"
+        "assert type(cb).__module__ == 'tpu_closure_fix.synccheck.callback'\n"
         "print('ok')\n"
     )
     env = child_env(True)

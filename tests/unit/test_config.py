@@ -129,7 +129,7 @@ def test_values_are_shown_ascii_escaped_on_one_line(raw, shown):
 def test_sync_check_variable_parses_the_same_under_every_locale(raw, every, bad, monkeypatch):
     """TPU_CLOSURE_FIX_SYNC_CHECK: only ASCII whitespace is ignored, in the package and the start-up module:
     a Unicode space is a bad value, not 'unset', whatever the locale decodes it to."""
-    from tpu_closure_fix import synchook
+    from tpu_closure_fix.synccheck import hook as synchook
 
     parsed, problem = synchook.parse_every(raw)
     assert (parsed, problem is not None) == (every, bad)

@@ -40,14 +40,17 @@ def standin(tmp_path_factory):
     return str(root)
 
 
-def run(code, standin, switch=None, with_package=True):
-    """Run ``code`` then REPORT in a fresh ``python -S``; return (report, stderr)."""
+def run(code, standin, switch=None, with_package=True, report=REPORT, **variables):
+    """Run ``code`` then ``report`` in a fresh ``python -S``, every inherited ``TPU_CLOSURE_FIX*`` variable
+    removed and ``variables`` set; return (report, stderr)."""
     path = [standin, STARTUP] + ([REPO, sysconfig.get_paths()["purelib"]] if with_package else [])
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TPU_CLOSURE_FIX", "PYTHONSTARTUP")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONSTARTUP") and not k.startswith("TPU_CLOSURE_FIX")}
     env["PYTHONPATH"] = os.pathsep.join(path)
+    env.update(variables)
     if switch is not None:
         env["TPU_CLOSURE_FIX"] = switch
-    proc = subprocess.run([sys.executable, "-S", "-c", code + REPORT], env=env, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-S", "-c", code + report], env=env, capture_output=True, text=True,
                           timeout=120, cwd=standin)  # the working directory is on sys.path: never the repo
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
@@ -93,6 +96,44 @@ def test_failed_activation_warns_once_and_the_import_goes_on(standin):
                          "import importlib; importlib.invalidate_caches()\n", standin, with_package=False)
     assert report["armed"] == 0 and report["activated"] is False
     assert stderr.count("RuntimeWarning: tpu-closure-fix could not activate (ModuleNotFoundError") == 1, stderr
+
+
+#: Printed after ``import torch``: what of the package was loaded, and whether torch's live optimizer step
+#: hook registry holds the zero-code check's hook.
+TORCH_REPORT = """
+import json, sys
+watcher = sys.modules.get("_tpu_closure_fix_startup")
+hook = sys.modules.get("tpu_closure_fix.synccheck.hook")
+registry = getattr(sys.modules.get("torch.optim.optimizer"), "_global_optimizer_post_hooks", {})
+print(json.dumps({
+    "armed": sum(1 for f in sys.meta_path if f is watcher),
+    "torch": "torch" in sys.modules,
+    "package": sorted(m for m in sys.modules if m == "tpu_closure_fix" or m.startswith("tpu_closure_fix.")) != [],
+    "hook": hook is not None and any(h is hook._after_step for h in registry.values()),
+    "every": hook._armed["every"] if hook is not None else 0,
+}))
+"""
+
+
+def test_importing_torch_with_the_sync_check_asked_activates_and_arms_the_hook(standin):
+    """TPU_CLOSURE_FIX_SYNC_CHECK set: torch alone (no framework, no torch_xla) activates the package, and the
+    zero-code check's hook is in torch's registry -- every process of a job arms it, whatever it imports."""
+    pytest.importorskip("torch", reason="needs torch")
+    report, stderr = run("import _tpu_closure_fix_startup\nimport torch\n", standin, report=TORCH_REPORT,
+                         TPU_CLOSURE_FIX_SYNC_CHECK="5")
+    assert report == {"armed": 0, "torch": True, "package": True, "hook": True, "every": 5}, stderr
+    assert "TPUClosureFixWarning" not in stderr and "could not activate" not in stderr, stderr
+
+
+@pytest.mark.parametrize("value", [None, "", "0"])
+def test_importing_torch_without_the_sync_check_loads_nothing_of_the_package(standin, value):
+    """The twin: unset, empty or 0, torch is not watched: the watcher stays armed, nothing of the package
+    is imported."""
+    pytest.importorskip("torch", reason="needs torch")
+    variables = {} if value is None else {"TPU_CLOSURE_FIX_SYNC_CHECK": value}
+    report, stderr = run("import _tpu_closure_fix_startup\nimport torch\n", standin, report=TORCH_REPORT,
+                         **variables)
+    assert report == {"armed": 1, "torch": True, "package": False, "hook": False, "every": 0}, stderr
 
 
 def test_uninstall(standin):

@@ -1,7 +1,8 @@
 """SyncCheck's comparison across real replica processes: the corpus of divergence kinds
 (tests/support/synccheck_corpus.py), each with its identical twin, over torch.distributed (gloo) with 2
-and 8 replicas and through the torch_xla stand-in with 2, every case at its first check; the oracle is
-the SHA-256 of every tensor's bytes. Then single-process properties of the fingerprint itself.
+and 8 replicas and through the XLA channel on the torch_xla stand-in with 2, every case at its first
+check; the oracle is the SHA-256 of every tensor's bytes. Then single-process properties of the
+fingerprint, of the verdict read from a reduced vector, and of what a report does.
 
 Replicas are subprocesses with a hard timeout: a comparison that crashed or hung (models of different
 structure, a replica without parameters) fails the test instead of stalling it.
@@ -15,7 +16,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
 
 from support import ports, synccheck_corpus  # noqa: E402  (after the skip: needs torch)
-from tpu_closure_fix import fingerprint, synccheck  # noqa: E402  (after the skip: needs torch)
+from tpu_closure_fix import synccheck  # noqa: E402  (after the skip: needs torch)
+from tpu_closure_fix.synccheck import comm, compare, fingerprint, groups, report as reports  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
@@ -39,6 +41,8 @@ def _run(world, backend, tmp_path, kinds=None):
     for rank, run in enumerate(runs):
         assert run.ok, "replica %d of %d (%s) %s:\n%s%s" % (rank, world, backend, run.error, run.stdout[-2000:],
                                                              run.stderr_tail())
+    for rank, run in enumerate(runs):  # a process group is initialised: torch.distributed, even with torch_xla
+        assert run.payload["default_backend"] == "torch.distributed", (rank, backend)
     return {rank: {(c["kind"], c["twin"]): c for c in run.payload["cases"]} for rank, run in enumerate(runs)}
 
 
@@ -71,6 +75,11 @@ def test_every_kind_is_caught_at_the_first_check_and_every_twin_passes(corpus):
         assert report["backend"] == ("xla" if backend == "xla-standin" else "torch.distributed")
         assert case["outcome"] == case["oracle"], (rank, kind, twin, case["message"])
         assert case["diverged"] == (case["oracle"] in ("differ", "structure")), (rank, kind, twin)
+        if case["oracle"] != "unverified":  # each case is a new model: its own first check
+            assert report["first_check"] and report["identical_at"] is None, (rank, kind, twin, report)
+        if case["diverged"]:  # checked after step 1, not before any update: no claim on how they started
+            assert not report["started_different"]
+            assert "at step 1, the first check" in case["message"], case["message"]
 
 
 def test_the_differing_tensors_are_named(corpus):
@@ -78,13 +87,26 @@ def test_the_differing_tensors_are_named(corpus):
         if case["oracle"] != "differ":
             continue
         named = case["report"]["differing"]
-        assert set(case["oracle_differing"]) <= set(named), (kind, named, case["oracle_differing"])
-        if kind == "many-tensors":  # 1100 tensors in 1024 slots: t1050 shares its slot with t26
-            assert set(named) == {"t1050", "t26"}, named
-        else:
-            assert set(named) == set(case["oracle_differing"]), (kind, named)
+        # exactly the differing tensors, also for 1100 tensors in 1024 slots (t1050 shares its slot with t26)
+        assert named == case["oracle_differing"], (kind, named, case["oracle_differing"])
         for name in named[:synccheck.NAMES_IN_MESSAGE]:
             assert repr(name) in case["message"]
+
+
+def test_the_ranks_holding_each_version_are_named(corpus):
+    """Without the gradient all-reduce every replica trains on its own batch: one version per rank; the
+    perturbation kinds change the last replica only: all ranks but the last, and the last."""
+    world = corpus[0]
+    for rank, kind, twin, case in _cases(corpus):
+        if case["oracle"] != "differ":
+            assert case["report"]["versions"] == [], (kind, twin)
+            continue
+        trained = kind.startswith("no-allreduce") or kind == "linear-head"
+        expected = [[r] for r in range(world)] if trained else [list(range(world - 1)), [world - 1]]
+        assert case["report"]["versions"] == expected, (kind, case["report"]["versions"])
+        assert "rank %d holds another" % (world - 1) in case["message"], case["message"]
+        if not trained and world > 2:
+            assert "ranks 0-%d hold one version" % (world - 2) in case["message"], case["message"]
 
 
 def test_every_replica_reaches_the_same_verdict(corpus):
@@ -92,7 +114,8 @@ def test_every_replica_reaches_the_same_verdict(corpus):
     for key, case in results[0].items():
         for rank in results:
             other = results[rank][key]
-            assert (other["outcome"], other["report"]["differing"]) == (case["outcome"], case["report"]["differing"])
+            assert ((other["outcome"], other["report"]["differing"], other["report"]["versions"])
+                    == (case["outcome"], case["report"]["differing"], case["report"]["versions"]))
 
 
 # --------------------------------------------------------------------------- the cases of the issue
@@ -127,7 +150,6 @@ def test_identical_nonfinite_parameters_are_not_divergence(corpus):
     ("structure-count", "number of parameter tensors differs (2 on some replicas, 3 on others"),
     ("structure-shape", "tensor #1 'w' has another shape"),
     ("structure-dtype", "tensor #1 'w' has another dtype"),
-    ("structure-no-parameters", "number of parameter tensors differs (0 on some replicas, 1 on others"),
 ])
 def test_different_models_give_one_clear_structure_message(corpus, kind, words):
     """The replicas all return (no abort in gloo, no replica left waiting) with one message naming the
@@ -137,6 +159,15 @@ def test_different_models_give_one_clear_structure_message(corpus, kind, words):
         assert case["outcome"] == "structure" and case["diverged"]
         assert words in case["message"], case["message"]
         assert "different models" in case["message"]
+
+
+@pytest.mark.parametrize("twin, where", [(False, "some"), (True, "every")])
+def test_a_replica_without_parameters_is_unverified_never_identical(corpus, twin, where):
+    """Nothing to compare on some replica (or on all): every replica returns, none says "identical"."""
+    for rank in corpus[2]:
+        case = _case(corpus, "no-parameters", twin=twin, rank=rank)
+        assert case["outcome"] == "unverified" and not case["diverged"], case["message"]
+        assert "no parameter tensors to compare on %s replica" % where in case["message"], case["message"]
 
 
 def test_the_message_does_not_blame_a_framework(corpus):
@@ -196,19 +227,122 @@ def test_the_vector_has_one_length_whatever_the_model():
     assert lengths == {fingerprint.vector_length()}
 
 
+class Loopback(object):
+    """A channel of ``size`` replicas that all hold what this process holds: the MAX all-reduce and the
+    all-gather give back this replica's own numbers (what identical replicas give)."""
+
+    kind = "test"
+    timeout = 1
+
+    def __init__(self, size=2, rank=0):
+        self.size, self.rank = size, rank
+        self.barriers = []
+
+    def device(self, tensors):
+        return torch.device("cpu")
+
+    def agree(self, key):
+        self.barriers.append(key)
+        return True
+
+    def forget(self, key):
+        pass
+
+    def all_reduce_max(self, vector):
+        return vector.detach().clone()
+
+    def all_gather(self, vector):
+        return [vector.detach().clone() for _ in range(self.size)]
+
+
+@pytest.fixture
+def loopback(monkeypatch):
+    channel = Loopback()
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: channel)
+    return channel
+
+
+def _decided(named, vector, error=None, step=5):
+    layout = groups.Layout(named, 0)
+    return compare.decide(fingerprint.decode(vector), layout, error, Loopback(), step, 0.0)
+
+
 def test_an_unreduced_vector_reads_as_identical_replicas():
     """One replica's vector is what a MAX all-reduce of identical replicas gives: every pair agrees."""
     named = [("a", torch.randn(3)), ("b", torch.randn(2, 2))]
-    values = fingerprint.local_vector([t for _, t in named]).tolist()
-    report = synccheck._verdict(5, 2, "test", named, values, 0.0, None)
+    layout = groups.Layout(named, 0)
+    vector = fingerprint.local_vector(layout.entries, layout.structures, step=5, lanes=layout.lanes)
+    assert fingerprint.decode(vector)["step"] == (5, 5)
+    report = _decided(named, vector)
     assert report.outcome == "identical" and not report.diverged and report.max_divergence == 0.0
-    failed = synccheck._verdict(5, 2, "test", named, fingerprint.failed_vector().tolist(), 0.0, None)
-    assert failed.outcome == "unverified" and "another replica could not fingerprint" in failed.message()
+    failed = _decided(named, fingerprint.failed_vector(step=5))
+    assert failed.outcome == "unverified" and "another replica could not list or fingerprint" in failed.message()
+
+
+def test_absent_slots_never_differ():
+    """A plain list of tensors fills slots 0..n-1; the others are absent (-inf in every copy) and
+    compare as nothing, not as a difference."""
+    vector = fingerprint.local_vector([torch.randn(3), torch.randn(2)])
+    decoded = fingerprint.decode(vector)
+    assert decoded["compared"].nonzero().flatten().tolist() == [0, 1]
+    assert not bool(fingerprint.slots_differing(decoded, "bits_hi", "bits_lo", "nonfinite").any())
+    assert decoded["format"] == (fingerprint.FORMAT, fingerprint.FORMAT)
+
+
+def test_check_sync_checks_before_the_first_update_at_the_first_step_then_every_n(loopback):
+    model = torch.nn.Linear(3, 2)
+    checked = [step for step in range(0, 13) if synccheck.check_sync(model, step, every=5) is not None]
+    assert checked == [0, 1, 5, 10]
+
+
+def test_a_stream_remembers_its_last_identical_check(loopback):
+    model = torch.nn.Linear(3, 2)
+    first = synccheck.compare_replicas(model, step=0)
+    second = synccheck.compare_replicas(model, step=7)
+    assert (first.outcome, first.first_check, first.identical_at) == ("identical", True, None)
+    assert (second.outcome, second.first_check, second.identical_at) == ("identical", False, 0)
+    assert "all 2 parameter tensors bitwise identical on all 2 replicas at step 7" in second.message()
+
+
+def test_a_new_object_at_a_reused_address_never_inherits_a_history(loopback):
+    """A list (not weakly referenceable, often built anew at every call) gets no history: never "first",
+    never "identical at" a step of another list that happened to live at the same address."""
+    model = torch.nn.Linear(3, 2)
+    for step in (0, 1, 2):
+        report = synccheck.compare_replicas(list(model.parameters()), step=step)
+        assert (report.outcome, report.first_check, report.identical_at) == ("identical", False, None), step
+    assert not synccheck.compare_replicas(model, step=3).identical_at  # the module's own history: new
+
+
+@pytest.mark.parametrize("obj, reason", [(torch.nn.ReLU(), "no parameter tensors to compare on every replica"),
+                                         ([], "no parameter tensors to compare on every replica"),
+                                         (object(), "object"), ({"w": 3}, "not a tensor")])
+def test_nothing_to_compare_is_unverified_never_identical(loopback, obj, reason):
+    report = synccheck.compare_replicas(obj, step=1)
+    assert report.outcome == "unverified" and not report.diverged, report
+    assert reason in report.message(), report.message()
 
 
 def _report(outcome, **fields):
     names = ["a.weight", "b.bias"]
     return synccheck.SyncReport(9, 2, "test", names, [0.0, 0.0], [0.0, 0.0], 1e-6, outcome=outcome, **fields)
+
+
+def test_only_rank_0_warns_of_a_divergence_the_others_log_and_raise_is_everywhere(caplog):
+    import logging
+    import warnings
+
+    report = _report("differ", differing=[1], versions=[[0], [1]], identical_at=4)
+    assert "between step 4 (identical) and step 9" in report.message()
+    assert "rank 0 holds one version; rank 1 holds another" in report.message()
+    for rank, warned in ((0, 1), (1, 0)):
+        with warnings.catch_warnings(record=True) as seen, caplog.at_level(logging.DEBUG, "tpu_closure_fix.synccheck"):
+            warnings.simplefilter("always")
+            caplog.clear()
+            reports.act(report, "warn", rank=rank)
+        assert len(seen) == warned and len(caplog.records) == 1 - warned, rank
+        with pytest.raises(synccheck.ReplicaDivergenceError):
+            reports.act(report, "raise", rank=rank)
 
 
 def test_agreeing_nonfinite_replicas_warn_but_never_raise_nor_call_back():
@@ -222,19 +356,20 @@ def test_agreeing_nonfinite_replicas_warn_but_never_raise_nor_call_back():
     for mode in ("raise", called.append):
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            synccheck._act(report, mode)
+            reports.act(report, mode)
         assert [w.category for w in seen] == [TPUClosureFixWarning] and "not a divergence" in str(seen[0].message)
     assert called == []
 
 
-def test_an_unverified_check_warns_once_per_reason_and_never_raises():
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_unverified_check_warns_once_per_reason_on_every_rank_and_never_raises(rank):
     import warnings
 
     report = _report("unverified", differing=[], reason="test reason %d" % id(object()))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        synccheck._act(report, "raise")
-        synccheck._act(report, "raise")
+        reports.act(report, "raise", rank=rank)
+        reports.act(report, "raise", rank=rank)
     assert len(seen) == 1 and "could not compare" in str(seen[0].message)
 
 
@@ -242,7 +377,7 @@ def test_a_structure_mismatch_raises_with_raise():
     report = _report("structure", differing=[], structure="the number of parameter tensors differs")
     assert report.diverged
     with pytest.raises(synccheck.ReplicaDivergenceError, match="different models") as info:
-        synccheck._act(report, "raise")
+        reports.act(report, "raise")
     assert info.value.report is report
 
 

@@ -1,9 +1,10 @@
-"""The zero-code SyncCheck (tpu_closure_fix/synchook.py): parsing, arming, counting, acting, failing safely.
+"""The zero-code SyncCheck (tpu_closure_fix/synccheck/hook.py): parsing, arming, counting, acting, failing safely.
 
 In-process tests use the real torch optimizers and torch's real global hook registry; the comparison
 itself (a collective) is replaced only where a test needs a given verdict on one process. The
 start-up path runs in fresh ``python -S`` interpreters (as tests/unit/test_startup.py), and one
-2-process gloo run shows the whole path: divergent replicas warn at step 10, reduced ones do not.
+2-process gloo run shows the whole path: divergent replicas are reported by rank 0 at steps 1 and 10
+(identical at step 0, before the first update), reduced ones are not.
 """
 import gc
 import importlib
@@ -23,7 +24,9 @@ if not hasattr(importlib.import_module("torch.optim.optimizer"), "register_optim
 
 from support import ports  # noqa: E402  (after the skip: needs torch)
 from test_startup import standin  # noqa: E402,F401  (the fixture: a folder with an empty torch_xla package)
-from tpu_closure_fix import config, synccheck, synchook  # noqa: E402  (after the skip: needs torch)
+from tpu_closure_fix import config, synccheck  # noqa: E402  (after the skip: needs torch)
+from tpu_closure_fix.synccheck import comm, compare, groups  # noqa: E402
+from tpu_closure_fix.synccheck import hook as synchook  # noqa: E402
 from tpu_closure_fix.config import TPUClosureFixWarning  # noqa: E402  (after the skip: needs torch)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,9 +35,10 @@ TESTS = os.path.join(REPO, "tests")
 
 @pytest.fixture(autouse=True)
 def disarmed():
-    """Every test starts and ends with the check disarmed and no warning remembered."""
+    """Every test starts and ends with the check disarmed, no warning remembered and no check seen."""
     synchook.disarm()
     synchook._warned.clear()
+    synchook.seen.update(checks=0, last_report=None)
     yield
     synchook.disarm()
     synchook._warned.clear()
@@ -52,7 +56,28 @@ def step(optimizer):
 
 
 def diverged_report(step_number):
-    return synccheck.SyncReport(step_number, 2, "torch.distributed", ["w"], [0.5], [0.1], 1e-6)
+    return synccheck.SyncReport(step_number, 2, "torch.distributed", ["w"], [0.5], [0.1], 1e-6, outcome="differ",
+                                differing=[0], versions=[[0], [1]])
+
+
+class Channel(object):
+    """What ``comm.channel()`` gives in a job of 2 processes, for the tests that replace the comparison."""
+
+    kind, size, timeout = "torch.distributed", 2, 1
+
+    def __init__(self, rank=0):
+        self.rank = rank
+
+
+@pytest.fixture
+def verdict(monkeypatch):
+    """``verdict(fn, rank=0)``: every check on this process is rank ``rank`` of 2, and ``compare.run`` gives
+    ``fn(step)`` instead of comparing."""
+    def set_verdict(fn, rank=0):
+        channel = Channel(rank)
+        monkeypatch.setattr(comm, "channel", lambda timeout=None: channel)
+        monkeypatch.setattr(compare, "run", lambda obj, n, stream, **kwargs: fn(n))
+    return set_verdict
 
 
 # --------------------------------------------------------------------------- parsing
@@ -137,18 +162,36 @@ def test_torch_without_the_global_hook_gets_one_warning():
 def checks(monkeypatch):
     """Record (optimizer, step) of every check instead of comparing."""
     seen = []
-    monkeypatch.setattr(synchook, "_check", lambda optimizer, n: seen.append((optimizer, n)))
+    def check(optimizer, stream, n):
+        stream.checks += 1  # as compare.run does
+        seen.append((optimizer, n))
+
+    monkeypatch.setattr(synchook, "_check", check)
     return seen
 
 
-def test_every_nth_step_of_each_optimizer_is_checked(checks):
+def test_the_start_the_first_and_every_nth_step_of_each_optimizer_are_checked(checks):
+    """Step 0: before the optimizer's first update (how the replicas started); then after step 1 and every N."""
     synchook.arm(3)
     first, second = sgd(), sgd()
     for _ in range(7):
         step(first)
     for _ in range(3):
         step(second)
-    assert [(o is first, n) for o, n in checks] == [(True, 3), (True, 6), (False, 3)]
+    assert [(o is first, n) for o, n in checks] == [(True, 0), (True, 1), (True, 3), (True, 6), (False, 0),
+                                                    (False, 1), (False, 3)]
+
+
+def test_optimizers_of_the_same_shapes_are_told_apart_alike_on_every_rank(checks):
+    """The stream of an optimizer is named by its parameters' shapes and dtypes and how many such
+    optimizers stepped before it: what every rank computes alike."""
+    synchook.arm(1)
+    first, second, other = sgd(), sgd(), sgd(3)
+    for optimizer in (first, second, other):
+        step(optimizer)
+    keys = [synchook._counts[id(o)][0].key for o in (first, second, other)]
+    assert keys[0].endswith("-1") and keys[1] == keys[0][:-1] + "2" and keys[2].endswith("-1")
+    assert len(set(k.rsplit("-", 1)[0] for k in keys)) == 2
 
 
 def test_unset_no_step_is_counted(checks):
@@ -172,7 +215,7 @@ def test_a_step_inside_another_optimizers_step_is_not_counted(checks):
     outer = Wrapper(inner)
     for _ in range(4):
         step(outer)
-    assert [(o is outer, n) for o, n in checks] == [(True, 2), (True, 4)]
+    assert [(o is outer, n) for o, n in checks] == [(True, 0), (True, 1), (True, 2), (True, 4)]
     assert id(inner) not in synchook._counts
 
 
@@ -187,7 +230,7 @@ def test_a_step_that_raised_does_not_stop_the_counting(checks):
         optimizer.step(failing)
     step(optimizer)
     step(optimizer)
-    assert [n for _, n in checks] == [2]
+    assert [n for _, n in checks] == [0, 1, 2]  # the start checked once, before the step that raised
 
 
 def test_a_collected_optimizer_is_forgotten(checks):
@@ -195,38 +238,55 @@ def test_a_collected_optimizer_is_forgotten(checks):
     optimizer = sgd()
     step(optimizer)
     key = id(optimizer)
-    assert synchook._counts == {key: 1}
-    del optimizer
+    assert list(synchook._counts) == [key] and synchook._counts[key][1] == [1]
+    del optimizer, checks[:]  # the record of its first check held it too
     gc.collect()
     assert key not in synchook._counts
 
 
 # --------------------------------------------------------------------------- acting
-def test_warn_points_at_the_line_that_stepped(monkeypatch):
-    monkeypatch.setattr(synccheck, "compare_replicas", lambda named, n: diverged_report(n))
+def test_warn_points_at_the_line_that_stepped(verdict):
+    verdict(diverged_report)
     synchook.arm(2)
     optimizer = sgd()
-    step(optimizer)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         step(optimizer)
-    assert len(seen) == 1 and seen[0].category is TPUClosureFixWarning
-    assert "at step 2" in str(seen[0].message)
-    assert seen[0].filename == os.path.abspath(__file__) and "optimizer.step()" in open(__file__).readlines()[
-        seen[0].lineno - 1]
-    assert synchook.seen["last_report"].step == 2
+        step(optimizer)
+        step(optimizer)
+    assert [w.category for w in seen] == [TPUClosureFixWarning] * 3
+    assert ["at step %d" % n in str(w.message) for n, w in zip((0, 1, 2), seen)] == [True] * 3
+    for warning in seen:  # the check before the update and those after it alike
+        assert warning.filename == os.path.abspath(__file__) and "optimizer.step()" in open(__file__).readlines()[
+            warning.lineno - 1]
+    assert synchook.seen["last_report"].step == 2 and synchook.seen["checks"] == 3
 
 
-def test_raise_stops_the_step(monkeypatch):
-    monkeypatch.setattr(synccheck, "compare_replicas", lambda named, n: diverged_report(n))
-    synchook.arm(1, "raise")
-    with pytest.raises(synccheck.ReplicaDivergenceError, match="at step 1"):
+def test_only_rank_0_warns_the_others_log_at_debug_level(verdict, caplog):
+    import logging
+
+    verdict(diverged_report, rank=1)
+    synchook.arm(1)
+    with warnings.catch_warnings(record=True) as seen, caplog.at_level(logging.DEBUG, "tpu_closure_fix.synccheck"):
+        warnings.simplefilter("always")
         step(sgd())
+    assert seen == [] and synchook.seen["last_report"].diverged
+    assert [r.name for r in caplog.records] == ["tpu_closure_fix.synccheck"] * 2  # steps 0 and 1
+    assert "at step 0" in caplog.text and "at step 1" in caplog.text
 
 
-def test_replicas_in_sync_no_warning(monkeypatch):
-    monkeypatch.setattr(synccheck, "compare_replicas",
-                        lambda named, n: synccheck.SyncReport(n, 2, "torch.distributed", ["w"], [0.0], [0.0], 1e-6))
+@pytest.mark.parametrize("rank", [0, 1])
+def test_raise_stops_the_step_on_every_rank(verdict, rank):
+    verdict(diverged_report, rank=rank)
+    synchook.arm(1, "raise")
+    optimizer = sgd()
+    with pytest.raises(synccheck.ReplicaDivergenceError, match="at step 0"):
+        step(optimizer)  # the check before the first update: the step is not taken
+    assert optimizer.param_groups[0]["params"][0].tolist() == [1.0, 1.0]
+
+
+def test_replicas_in_sync_no_warning(verdict):
+    verdict(lambda n: synccheck.SyncReport(n, 2, "torch.distributed", ["w"], [0.0], [0.0], 1e-6))
     synchook.arm(1, "raise")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -234,11 +294,36 @@ def test_replicas_in_sync_no_warning(monkeypatch):
     assert synchook.seen["last_report"].diverged is False
 
 
-def test_a_failure_in_the_check_warns_once_disarms_and_training_goes_on(monkeypatch):
-    def broken(named, n):
+def test_a_stream_that_stood_down_is_not_checked_again_and_training_goes_on(monkeypatch):
+    """Not every rank reached the check (a probe optimizer stepped on one rank only): one warning, that
+    optimizer's checks stop, the others go on."""
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: Channel())
+    calls = []
+
+    def stood_down(obj, n, stream, **kwargs):
+        calls.append((obj, n))
+        if len(calls) == 1:
+            raise comm.StoodDown("not every rank reached this check")
+        return synccheck.SyncReport(n, 2, "torch.distributed", ["w"], [0.0], [0.0], 1e-6)
+
+    monkeypatch.setattr(compare, "run", stood_down)
+    synchook.arm(1)
+    probe, model = sgd(), sgd(3)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            step(probe)
+        step(model)
+    assert len(seen) == 1 and "stands down" in str(seen[0].message) and "Training goes on" in str(seen[0].message)
+    assert [(o is probe, n) for o, n in calls] == [(True, 0), (False, 0), (False, 1)]
+    assert synchook.armed_every() == 1
+
+
+def test_a_failure_in_the_check_warns_once_disarms_and_training_goes_on(verdict):
+    def broken(n):
         raise RuntimeError("collective unavailable")
 
-    monkeypatch.setattr(synccheck, "compare_replicas", broken)
+    verdict(broken)
     synchook.arm(1)
     optimizer = sgd()
     with warnings.catch_warnings(record=True) as seen:
@@ -255,15 +340,16 @@ def test_shards_are_left_out_of_the_comparison():
     shard._is_sharded = True
     whole = torch.nn.Parameter(torch.ones(3, 2))
     optimizer = torch.optim.SGD([shard, whole], lr=0.1)
-    assert [(name, p is whole) for name, p in synchook.compared_parameters(optimizer)] == [
-        ("param_groups[0][1] 3x2", True)]
+    layout = groups.Layout(compare.listed(optimizer), 0)
+    assert layout.names == ["param_groups[0][1]"] and [t is whole for _, _, t in layout.entries] == [True]
+    assert layout.not_compared == [("param_groups[0][0]", groups.FLAT_SHARD)]
 
 
 # --------------------------------------------------------------------------- start-up and processes
 #: What a start-up case prints; torch (slow to import) is imported only where the check's module is loaded.
 REPORT = """
 import json, sys
-synchook = sys.modules.get("tpu_closure_fix.synchook")
+synchook = sys.modules.get("tpu_closure_fix.synccheck.hook")
 if synchook is not None and synchook._armed["every"]:  # asked for: torch's live registry says whether it is in
     import torch.optim
     from torch.optim.optimizer import _global_optimizer_post_hooks as registry
@@ -300,9 +386,10 @@ def test_the_watcher_with_a_bad_value_warns_once(standin):
     assert report["armed"] is False and len(ours) == 1 and "accepted" in ours[0]
 
 
-def test_two_replicas_without_reduction_warn_at_step_10_and_reduced_ones_do_not(tmp_path):
+def test_two_replicas_without_reduction_warn_at_steps_1_and_10_and_reduced_ones_do_not(tmp_path):
     """2 gloo processes of support.zero_code's plain torch loop (different data), TPU_CLOSURE_FIX=0, a check
-    every 10 steps: first without the gradient all-reduce, then (a new model and optimizer) with it."""
+    before the first update, after the first step and every 10 steps: first without the gradient all-reduce, then (a new model and
+    optimizer) with it. Rank 0 warns; rank 1 reaches the same verdict and only logs it."""
     from tpu_closure_fix.verify.child import run_children
 
     port = ports.free_port()
@@ -314,12 +401,23 @@ def test_two_replicas_without_reduction_warn_at_step_10_and_reduced_ones_do_not(
                  str(port), "--scenarios", scenarios, "--out", out] for rank, out in enumerate(outs)]
     runs = run_children(commands, 120, env=env, cwd=TESTS, result_files=outs)
     assert all(run.ok for run in runs), [run.error + run.stderr_tail() for run in runs]
-    for run in runs:
+    for rank, run in enumerate(runs):
         diverging, reduced = run.payload["runs"]
-        assert len(diverging["warnings"]) == 1 and "at step 10" in diverging["warnings"][0]["message"], diverging
-        assert diverging["warnings"][0]["filename"] == os.path.join(TESTS, "support", "zero_code.py")
-        assert diverging["zero_code"]["last_report"]["backend"] == "torch.distributed"
-        assert reduced["warnings"] == [] and reduced["zero_code"]["checks"] == 2, reduced
+        last = diverging["zero_code"]["last_report"]
+        assert last["backend"] == "torch.distributed" and last["diverged"] and last["step"] == 10, last
+        assert last["versions"] == [[0], [1]] and last["identical_at"] == 0, last  # the same start, then apart
+        if rank == 0:
+            first, tenth = diverging["warnings"]
+            assert "step 1" in first["message"] and "step 10" in tenth["message"], diverging["warnings"]
+            assert "rank 0 holds one version; rank 1 holds another" in tenth["message"], tenth
+            for warning in (first, tenth):
+                assert warning["filename"] == os.path.join(TESTS, "support", "zero_code.py"), warning
+        else:
+            assert diverging["warnings"] == [], diverging
+        # checks at steps 0, 1 and 10 of each run: 3 + 3 in the process
+        assert reduced["warnings"] == [] and reduced["zero_code"]["checks"] == 6, reduced
+        assert reduced["zero_code"]["last_report"]["outcome"] == "identical"
+        assert reduced["zero_code"]["last_report"]["identical_at"] == 1
         assert reduced["zero_code"]["last_report"]["max_divergence"] == 0.0
 
 

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from xla_tier import REPO, TESTS, TIMEOUT, TORCH_XLA, XLA_PY, defined_where, unavailable, xla_env
-from tpu_closure_fix import fingerprint
+from tpu_closure_fix.synccheck import fingerprint
 from tpu_closure_fix.verify.child import run_child
 
 AVAILABLE = TORCH_XLA is not None

@@ -53,7 +53,7 @@ whole (one lazily traced expression on XLA).
 import hashlib
 
 #: Format of the vector; replicas with another format disagree on the header (never crash).
-FORMAT = 1
+FORMAT = 2
 #: Slots of the vector: a model with more tensors hashes several tensors per slot.
 SLOTS = 1024
 #: Words hashed at a time on CPU: the temporary buffers of a check (a few times 1 MiB) stay in the
@@ -74,8 +74,8 @@ _P3 = 0x2C1B3C6D
 _MASK32 = 0xFFFFFFFF
 
 # Header fields, then per-slot exact fields (each SLOTS long), in this order.
-HEADER = ("format", "failed", "count", "digest_hi", "digest_lo")
-SLOT_EXACT = ("shape_hi", "shape_lo", "dtype_hi", "dtype_lo", "bits_hi", "bits_lo", "nonfinite")
+HEADER = ("format", "failed", "step_hi", "step_lo", "count", "digest_hi", "digest_lo", "lanes")
+SLOT_EXACT = ("present", "shape_hi", "shape_lo", "dtype_hi", "dtype_lo", "bits_hi", "bits_lo", "nonfinite")
 SLOT_FLOAT = ("sum",)  # stored as v and -v: max and min over the replicas
 SLOT_SCALE = ("abs_sum",)  # stored once: max over the replicas
 
@@ -101,11 +101,17 @@ def words(tensor):
     import torch
 
     t = tensor.detach()
+    if t.is_quantized:  # the stored integers (scale and zero point are the same on every replica that agrees)
+        t = t.int_repr()
     if t.is_complex():
         t = torch.view_as_real(t)
     t = t.contiguous().reshape(-1)
     if t.dtype == torch.bool:
-        t = t.view(torch.uint8)
+        t = t.view(torch.uint8) if t.device.type != "xla" else t.to(torch.int32)  # stored as 0 / 1
+    if t.device.type == "xla":
+        traced = _xla_words(t)
+        if traced is not None:
+            return traced
     size = t.element_size()
     if size == 4:
         return t.view(torch.int32)
@@ -116,6 +122,50 @@ def words(tensor):
     if size == 1:
         return t.view(torch.uint8).to(torch.int32)
     raise TypeError("cannot fingerprint a tensor of dtype %s (element size %d)" % (t.dtype, size))
+
+
+#: dtype -> XLA element type of the same width whose bits are the words (before widening to int32):
+#: filled at the first XLA check, None where torch_xla has no user computations.
+_xla_bitcast = {}
+
+
+def _xla_words(t):
+    """``words`` of a flat XLA tensor inside the lazy graph, or None where that is not possible.
+
+    ``Tensor.view(dtype)`` has no XLA lowering: torch_xla runs it on the CPU (an execution and a copy to
+    the host and back per tensor). XLA's own BitcastConvert, called as a user computation, is the same
+    reinterpretation traced into the check's graph; an 8-byte element gives its two words in the order
+    ``view`` gives them on the host (tests/xla compares every dtype against the CPU result)."""
+    import torch
+
+    if t.dtype == torch.int32:
+        return t
+    if t.dtype in (torch.int16, torch.uint8):
+        return t.to(torch.int32)  # widening an integer is the widening of its bits
+    op, target = _xla_bitcast_of(t)
+    if op is None:
+        return None
+    try:
+        w = op(t, to=target).reshape(-1)
+    except Exception:  # a torch_xla whose builder refuses this dtype: the host round trip of ``view``
+        return None
+    return w if w.dtype == torch.int32 else w.to(torch.int32)
+
+
+def _xla_bitcast_of(t):
+    """(registered bitcast op, XLA element type) for ``t``'s element size, or (None, None)."""
+    size = t.element_size()
+    if "op" not in _xla_bitcast:
+        try:
+            import torch_xla.core.xla_builder as xb
+            import torch_xla.core.xla_op_registry as xor
+
+            _xla_bitcast["op"] = xor.register("tpu_closure_fix_bitcast", lambda x, to: x.bitcast(to))
+            _xla_bitcast.update({4: xb.Type.S32, 8: xb.Type.S32, 2: xb.Type.S16, 1: xb.Type.U8})
+        except Exception:  # no user computations in this torch_xla: the host round trip of ``view``
+            _xla_bitcast["op"] = None
+    target = _xla_bitcast.get(size)
+    return (_xla_bitcast["op"], target) if target is not None and _xla_bitcast["op"] is not None else (None, None)
 
 
 def _shift_xor_(x, shift, scratch):
@@ -142,9 +192,13 @@ _key_bases = {}
 
 
 def _key_base(length, device):
-    """``arange(length) * P1`` as int32 on ``device``, cached per device (the CPU chunks reuse it)."""
+    """``arange(length) * P1`` as int32 on ``device``, cached on CPU (the chunks reuse it). Elsewhere it is
+    made anew in each check's graph: a kept lazy tensor would stay pending after the check and join the
+    training's next graph as an extra output, a new compilation of that graph."""
     import torch
 
+    if device.type != "cpu":
+        return torch.arange(length, dtype=torch.int32, device=device).mul_(signed32(_P1))
     cache_key = (str(device), length)
     base = _key_bases.get(cache_key)
     if base is None:
@@ -245,11 +299,19 @@ def value_sums(tensor, chunk=CHUNK):
     import torch
 
     t = tensor.detach()
+    if t.is_quantized:
+        t = t.dequantize()
     if t.is_complex():
         t = torch.view_as_real(t)
     if not t.is_floating_point():
         zero = torch.zeros((), dtype=torch.float32, device=t.device)
         return zero, zero, zero
+    if t.element_size() == 1:  # float8 (e4m3fn, e5m2, ...): torch has no sum over them; exact in float32
+        try:
+            t = t.to(torch.float32)
+        except (NotImplementedError, RuntimeError):  # packed formats with no conversion (float4_e2m1fn_x2)
+            zero = torch.zeros((), dtype=torch.float32, device=t.device)
+            return zero, zero, zero  # their bits are in the hash; no value sums ("by how much") for them
     t = t.reshape(-1)
     if t.device.type != "cpu":
         return _nonfinite_count(t), t.sum(dtype=torch.float32), _abs_sum(t)
@@ -302,6 +364,9 @@ def dtype_hash(position, dtype):
 
 
 # --------------------------------------------------------------------------- the vector
+ABSENT = float("-inf")
+
+
 def _halves(value):
     value = unsigned32(value)
     return float(value >> 16), float(value & 0xFFFF)
@@ -312,77 +377,99 @@ def _layout(slots):
     return exact, 2 * exact, 2 * exact + 2 * slots
 
 
-def failed_vector(device=None, slots=SLOTS):
-    """The vector of a replica that could not fingerprint its parameters: it still joins the check."""
+def _header(failed, step, count, digest, lanes):
+    step = 0 if step is None else int(step)
+    return ([float(FORMAT), float(failed)] + list(_halves(step)) + [float(count)] + list(_halves(digest))
+            + [float(lanes)])
+
+
+def failed_vector(device=None, slots=SLOTS, step=None, lanes=1):
+    """The vector of a replica that could not fingerprint its parameters: it still joins the check, with
+    its header (the failure flag, its step) and every slot absent."""
     import torch
 
-    exact, _, _ = _layout(slots)
-    v = torch.zeros(vector_length(slots), dtype=torch.float32)
-    v[0], v[exact] = FORMAT, -FORMAT
-    v[1], v[exact + 1] = 1.0, -1.0
+    exact, floats, _ = _layout(slots)
+    v = torch.full((vector_length(slots),), ABSENT, dtype=torch.float32)
+    header = torch.tensor(_header(1, step, 0, 0, lanes), dtype=torch.float32)
+    v[:len(HEADER)] = header
+    v[exact:exact + len(HEADER)] = -header
     return v if device is None else v.to(device)
 
 
-_structure_cache = {}
+_slot_cache = {}
 
 
-def _structure_fields(structures, slots):
-    """The host-side fields (header and per-slot structure hashes) as a float32 CPU tensor; cached for
-    the last structure seen (a model keeps its structure from one check to the next)."""
+def _slot_fields(held, slots):
+    """Host-side per-slot fields (present, shape and dtype hashes) as a float32 CPU tensor of
+    ``5 * slots`` values, and the present mask; cached for the last layout seen (a model keeps its
+    structure from one check to the next). ``held``: ((position, slot, shape, dtype), ...)."""
     import torch
 
-    key = (structures, slots)
-    cached = _structure_cache.get(key)
+    cached = _slot_cache.get((held, slots))
     if cached is not None:
         return cached
-    fields = [float(FORMAT), 0.0, float(len(structures))] + list(_halves(structure_digest(structures)))
+    present = [0.0] * slots
     shape_sums, dtype_sums = [0] * slots, [0] * slots
-    for k, (shape, dtype) in enumerate(structures):
-        shape_sums[k % slots] += shape_hash(k, shape)
-        dtype_sums[k % slots] += dtype_hash(k, dtype)
+    for position, slot, shape, dtype in held:
+        present[slot] = 1.0
+        shape_sums[slot] += shape_hash(position, shape)
+        dtype_sums[slot] += dtype_hash(position, dtype)
+    fields = list(present)
     for per_slot in (shape_sums, dtype_sums):
         halves = [_halves(v) for v in per_slot]
         fields += [h for h, _ in halves] + [l for _, l in halves]
-    _structure_cache.clear()
-    _structure_cache[key] = torch.tensor(fields, dtype=torch.float32)
-    return _structure_cache[key]
+    mask = torch.tensor(present, dtype=torch.float32) > 0
+    _slot_cache.clear()
+    _slot_cache[(held, slots)] = torch.tensor(fields, dtype=torch.float32), mask
+    return _slot_cache[(held, slots)]
 
 
-def local_vector(tensors, device=None, slots=SLOTS, chunk=CHUNK):
-    """This replica's vector (float32, length :func:`vector_length`) for its parameter tensors, in
-    model order. Built on ``device`` (default: the first tensor's, else CPU)."""
+def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK, step=None, lanes=1):
+    """This replica's vector (float32, length :func:`vector_length`).
+
+    ``entries``: the tensors this replica holds, as ``(position, slot, tensor)`` (position: the tensor's
+    index in the model, slot: where its fields go) or, for the plain layout, just the tensors in model
+    order (tensor ``k`` at position ``k``, slot ``k % slots``). ``structures``: the model-wide description
+    of every tensor in order (what the count and the structure digest cover; default: the held tensors'
+    shapes and dtypes). Slots no entry goes to are absent: ``-inf`` in every copy of their fields, so the
+    MAX all-reduce gives each slot's largest and smallest value over the replicas that hold it.
+    Built on ``device`` (default: the first tensor's, else CPU)."""
     import torch
 
-    tensors = list(tensors)
-    structures = tuple(describe(t) for t in tensors)
+    entries = [e if isinstance(e, tuple) else (k, k % slots, e) for k, e in enumerate(entries)]
+    held = tuple((k, s) + describe(t) for k, s, t in entries)
+    if structures is None:
+        structures = tuple(h[2:] for h in held)
     if device is None:
-        device = tensors[0].device if tensors else torch.device("cpu")
-    host = _structure_fields(structures, slots)
-    # Device-side fields: one bit hash and three value sums per tensor, then folded into the slots.
-    rows = slots * max(1, -(-len(tensors) // slots))
-    if tensors:
-        hashes = torch.stack([bit_hash(t, k, chunk).to(device) for k, t in enumerate(tensors)])
-        sums = [value_sums(t, chunk) for t in tensors]
-        stats = torch.stack([torch.stack([s.to(device) for s in triple]) for triple in sums])  # (n, 3)
-        hashes = torch.cat([hashes, torch.zeros(rows - len(tensors), dtype=torch.int32, device=device)])
-        stats = torch.cat([stats, torch.zeros(rows - len(tensors), 3, dtype=torch.float32, device=device)])
-    else:
-        hashes = torch.zeros(rows, dtype=torch.int32, device=device)
-        stats = torch.zeros(rows, 3, dtype=torch.float32, device=device)
-    slot_hash = hashes.reshape(-1, slots).sum(dim=0, dtype=torch.int32)
-    slot_stats = stats.reshape(-1, slots, 3).sum(dim=0)
-    hi = torch.bitwise_right_shift(slot_hash, 16).bitwise_and_(0xFFFF).to(torch.float32)
-    lo = slot_hash.bitwise_and(0xFFFF).to(torch.float32)
-    sums = torch.nan_to_num(slot_stats[:, 1], nan=0.0, posinf=3.0e38, neginf=-3.0e38)
-    scale = torch.nan_to_num(slot_stats[:, 2], nan=3.0e38, posinf=3.0e38, neginf=3.0e38)
-    exact = torch.cat([host.to(device), hi, lo, slot_stats[:, 0]])
-    return torch.cat([exact, -exact, sums, -sums, scale])
+        device = entries[0][2].device if entries else torch.device("cpu")
+    slot_host, present = _slot_fields(held, slots)
+    header = torch.tensor(_header(0, step, len(structures), structure_digest(structures), lanes),
+                          dtype=torch.float32)
+    hashes = torch.zeros(slots, dtype=torch.int32, device=device)
+    stats = torch.zeros(slots, 3, dtype=torch.float32, device=device)
+    if entries:
+        index = torch.tensor([s for _, s, _ in entries], dtype=torch.int64).to(device)
+        per_tensor = torch.stack([bit_hash(t, k, chunk).to(device) for k, _, t in entries])
+        per_stats = torch.stack([torch.stack([v.to(device) for v in value_sums(t, chunk)]) for _, _, t in entries])
+        hashes.index_add_(0, index, per_tensor)
+        stats.index_add_(0, index, per_stats)
+    hi = torch.bitwise_right_shift(hashes, 16).bitwise_and_(0xFFFF).to(torch.float32)
+    lo = hashes.bitwise_and(0xFFFF).to(torch.float32)
+    sums = torch.nan_to_num(stats[:, 1], nan=0.0, posinf=3.0e38, neginf=-3.0e38)
+    scale = torch.nan_to_num(stats[:, 2], nan=3.0e38, posinf=3.0e38, neginf=3.0e38)
+    absent = (~present).to(device)
+    slot_exact = torch.cat([slot_host.to(device), hi, lo, stats[:, 0]]).reshape(len(SLOT_EXACT), slots)
+    positive = torch.cat([header.to(device), slot_exact.masked_fill(absent, ABSENT).reshape(-1)])
+    negative = torch.cat([-header.to(device), (-slot_exact).masked_fill(absent, ABSENT).reshape(-1)])
+    return torch.cat([positive, negative, sums.masked_fill(absent, ABSENT), (-sums).masked_fill(absent, ABSENT),
+                      scale.masked_fill(absent, ABSENT)])
 
 
 def decode(reduced, slots=SLOTS):
     """Read a MAX-reduced vector (a tensor, or a list of floats). Header fields: ``{field: (max, min)}``
     as floats; slot fields: ``{field: (max tensor, min tensor)}`` over the slots (``abs_sum``: the max
-    tensor only); ``digest``: the 32-bit digest's (max, min) joined from its halves."""
+    tensor only; an absent slot reads max ``-inf``, min ``+inf``); ``digest`` and ``step``: the 32-bit
+    values' (max, min) joined from their halves; ``compared``: the slots some replica holds."""
     import torch
 
     v = torch.as_tensor(reduced, dtype=torch.float32).detach().cpu()
@@ -394,15 +481,18 @@ def decode(reduced, slots=SLOTS):
         out[name] = (high[start:start + slots], low[start:start + slots])
     out["sum"] = (v[floats:floats + slots], -v[floats + slots:scales])
     out["abs_sum"] = v[scales:scales + slots]
-    out["digest"] = tuple(int(out["digest_hi"][i]) << 16 | int(out["digest_lo"][i]) for i in (0, 1))
+    for joined in ("digest", "step"):
+        out[joined] = tuple(int(out[joined + "_hi"][i]) << 16 | int(out[joined + "_lo"][i]) for i in (0, 1))
+    out["compared"] = out["present"][0] > 0
     return out
 
 
 def slots_differing(decoded, *fields):
-    """A bool tensor over the slots: true where any of ``fields`` is not the same on every replica."""
+    """A bool tensor over the slots: true where any of ``fields`` is not the same on every replica that
+    holds the slot (absent slots are never differing)."""
     mask = None
     for name in fields:
         high, low = decoded[name]
         bad = high != low
         mask = bad if mask is None else mask | bad
-    return mask
+    return mask & decoded["compared"]

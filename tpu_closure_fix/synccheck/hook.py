@@ -1,45 +1,36 @@
-"""Zero-code SyncCheck: compare the replicas every N optimizer steps, armed by an environment variable.
+"""When the zero-code check runs: armed from the environment, counted per optimizer, the same on every rank.
 
 ``TPU_CLOSURE_FIX_SYNC_CHECK=N`` (N optimizer steps; unset, empty or ``0``: off) and
-``TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE=warn|raise`` (default ``warn``) arm, in every process
-where the activation path runs (``import tpu_closure_fix``, the start-up watcher, ``tpu-closure-fix
-run``), a global optimizer step post-hook of torch
-(``torch.optim.optimizer.register_optimizer_step_post_hook``, torch >= 2.0). The check is armed
-also under ``TPU_CLOSURE_FIX=0``: with the fix off it is exactly the net one wants.
+``TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE=warn|raise`` (default ``warn``) arm a global optimizer step
+hook of torch (``torch.optim.optimizer.register_optimizer_step_post_hook``, torch >= 2.0) in every
+process of the job: the start-up hook imports the package as soon as torch is imported when the variable
+is set (``import tpu_closure_fix`` and ``tpu-closure-fix run`` do the same), whether or not a framework
+is ever imported or probed, so arming never depends on what one rank's code happens to import. The
+check is armed also under ``TPU_CLOSURE_FIX=0``: with the fix off it is exactly the net one wants.
 
 Why one torch hook and not a hook per framework: every framework's step -- the Lightning Trainer's
-``optimizer.step(closure)`` inside ``xm.optimizer_step``, Lite/Fabric's, accelerate's, a plain loop's
-``xm.optimizer_step`` with or without a closure -- ends in the optimizer's own ``step``, and torch runs
-the global post-hooks after it. So one code path counts the same steps on every replica, and the
-user's callback list, optimizer and loop are left exactly as they are.
+``optimizer.step(closure)`` inside ``xm.optimizer_step``, Lite/Fabric's, accelerate's, a plain loop's --
+ends in the optimizer's own ``step``, and torch runs the global hooks around it.
 
-Counting: per optimizer object (its ``id``; ``weakref.finalize`` forgets it when the optimizer
-goes), only the outermost step counts: an optimizer whose ``step`` runs inside another optimizer's
-(``ZeroRedundancyOptimizer``'s inner optimizer over this replica's shard, wrapper optimizers) is not
-counted and not compared. At every N-th step of an optimizer all replicas compare that optimizer's
-parameters with :func:`tpu_closure_fix.synccheck.compare_replicas` (one collective) and act: a
-``TPUClosureFixWarning`` whose location is the first frame outside torch, the frameworks and this
-package (the user's ``trainer.fit`` / ``optimizer.step`` line), or ``ReplicaDivergenceError``.
+Counting: per optimizer, only the outermost step counts (an optimizer stepped inside another's, as
+``ZeroRedundancyOptimizer``'s inner optimizer, is not counted); a step that raised (an LBFGS closure out
+of data) is not counted and does not stop the counting. Checks run at an optimizer's first step and then
+every N. Each optimizer is a *stream* named by its parameters' shapes and dtypes, so every rank names the
+same optimizer alike; before a check's collective the ranks agree that all of them reached that check of
+that stream (:mod:`.comm`): an optimizer stepped on some ranks only (a rank-0 probe model) never gets a
+collective, its stream stands down after the agreement's timeout with one warning, and the other streams
+go on. A process without a process group, or with world size 1, only counts.
 
-Limits, stated:
-
-* Parameters that are legitimately different on every replica are left out of the comparison:
-  torch_xla FSDP shards (``_is_sharded``), torch FSDP's ``FlatParameter`` shards and ``DTensor``
-  parameters with a sharded placement.
-* The replicas must call ``optimizer.step`` equally often (a collective runs at the N-th call):
-  a replica that skips a step on its own (a gradient scaler that found an inf in its local
-  gradients) shifts its checks and the collectives no longer pair up.
-* Steps from several threads at once are not told apart from nested steps.
-
-A failure inside the hook (anything but the divergence itself) is warned about once, disarms the
-check, and leaves training running.
+Reports name tensors by module path (``encoder.layers.3.weight``), found among the live modules holding
+the optimizer's parameters when something is reported. A failure inside the hook (anything but the
+divergence itself) is warned about once, disarms the check, and leaves training running.
 """
 import os
 import sys
 import warnings
 import weakref
 
-from .config import ASCII_WHITESPACE, SYNC_CHECK_VAR, TPUClosureFixWarning, quote_value
+from ..config import ASCII_WHITESPACE, SYNC_CHECK_VAR, TPUClosureFixWarning, quote_value
 
 ON_DIVERGENCE_VAR = SYNC_CHECK_VAR + "_ON_DIVERGENCE"
 ACTIONS = ("warn", "raise")
@@ -56,9 +47,9 @@ LIBRARY_PACKAGES = ("torch", "wrapt")
 _armed = {"every": 0, "action": DEFAULT_ACTION, "handles": None}
 #: What the checks saw in this process: how many ran and the latest SyncReport (None on one device).
 seen = {"checks": 0, "last_report": None}
-#: id(optimizer) -> steps counted so far.
+#: id(optimizer) -> (its check history (compare.Stream), [steps completed so far]).
 _counts = {}
-#: id of the optimizer whose step is the outermost one running now (None: no step running).
+#: (id, frame) of the optimizer step that is the outermost one running now (None: no step running).
 _outermost = [None]
 _warned = set()
 
@@ -90,10 +81,10 @@ def parse_action(raw):
                             % (ON_DIVERGENCE_VAR, quote_value(raw)))
 
 
-def _warn_once(key, message):
+def _warn_once(key, message, stacklevel=3):
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(message, TPUClosureFixWarning, stacklevel=3)
+        warnings.warn(message, TPUClosureFixWarning, stacklevel=stacklevel)
 
 
 # --------------------------------------------------------------------------- arming
@@ -108,6 +99,11 @@ def arm_from_environment(environ=None):
     action, problem = parse_action(environ.get(ON_DIVERGENCE_VAR))
     if problem:
         _warn_once(("value", ON_DIVERGENCE_VAR, environ.get(ON_DIVERGENCE_VAR)), problem)
+    from .comm import TIMEOUT_VAR, parse_timeout
+
+    _, problem = parse_timeout(environ.get(TIMEOUT_VAR))
+    if problem:
+        _warn_once(("value", TIMEOUT_VAR, environ.get(TIMEOUT_VAR)), problem)
     arm(every, action)
     return every
 
@@ -148,6 +144,7 @@ def disarm():
     for handle in handles or ():
         handle.remove()
     _counts.clear()
+    _digests.clear()
     _outermost[0] = None
 
 
@@ -180,27 +177,44 @@ def status_line(environ=None):
 
 
 # --------------------------------------------------------------------------- the hooks
+def _running(frame):
+    """Whether ``frame`` is still on this thread's stack (its step has not ended)."""
+    here = sys._getframe(2)
+    while here is not None:
+        if here is frame:
+            return True
+        here = here.f_back
+    return False
+
+
 def _before_step(optimizer, args, kwargs):
-    """Note the outermost optimizer step (a step already noted for this optimizer ended in an exception)."""
+    """Note the outermost optimizer step running now (a noted step whose frame has left the stack ended in an
+    exception -- torch runs no post-hook then -- and is forgotten, so the next step counts again). Before an
+    optimizer's first update, compare: a difference there is how the replicas started."""
     outer = _outermost[0]
-    if outer is None or outer == id(optimizer):
-        _outermost[0] = id(optimizer)
+    if outer is not None and _running(outer[1]):
+        return  # a step inside another optimizer's step
+    _outermost[0] = (id(optimizer), sys._getframe(1))
+    if _armed["every"]:
+        _guarded(_first_check, optimizer)
 
 
 def _after_step(optimizer, args, kwargs):
-    """Count the step of the outermost optimizer; at every N-th one compare and act."""
-    if _outermost[0] != id(optimizer):
+    """Count the step of the outermost optimizer; after its first step and every N-th one compare and act."""
+    outer = _outermost[0]
+    if outer is None or outer[0] != id(optimizer) or outer[1] is not sys._getframe(1):
         return  # a step inside another optimizer's step: its outer optimizer counts
     _outermost[0] = None
-    every = _armed["every"]
-    if not every:
-        return
-    from .synccheck import ReplicaDivergenceError
+    if _armed["every"]:
+        _guarded(_count_and_check, optimizer)
+
+
+def _guarded(fn, optimizer):
+    """Run one of the hook's actions; a divergence raised on purpose goes through, anything else disarms."""
+    from .report import ReplicaDivergenceError
 
     try:
-        step = _count(optimizer)
-        if step % every == 0:
-            _check(optimizer, step)
+        fn(optimizer)
     except ReplicaDivergenceError:
         raise
     except Exception as exc:  # never break training: warn once, disarm
@@ -209,57 +223,107 @@ def _after_step(optimizer, args, kwargs):
                              "training goes on." % (type(exc).__name__, exc))
 
 
-def _count(optimizer):
+def _first_check(optimizer):
+    stream, steps = _entry(optimizer)
+    if steps[0] == 0 and stream.checks == 0 and stream.stood_down is None:
+        _check(optimizer, stream, 0)
+
+
+def _count_and_check(optimizer):
+    stream, steps = _entry(optimizer)
+    steps[0] += 1
+    step = steps[0]
+    if (step == 1 or step % _armed["every"] == 0) and stream.stood_down is None:
+        _check(optimizer, stream, step)
+
+
+def _stream_key(optimizer):
+    """A name for the optimizer that every rank gives the same optimizer: a digest of its parameters' shapes
+    and dtypes, and how many optimizers with that digest this process stepped before it."""
+    from .fingerprint import _hash32
+
+    shapes = [(tuple(p.shape), str(p.dtype)) for group in optimizer.param_groups for p in group["params"]]
+    digest = "%08x" % _hash32(repr(shapes))
+    _digests[digest] = _digests.get(digest, 0) + 1
+    return "optimizer-%s-%d" % (digest, _digests[digest])
+
+
+_digests = {}
+
+
+def _entry(optimizer):
+    """(stream, [steps]): the optimizer's check history and its count of completed steps."""
+    from .compare import Stream
+
     key = id(optimizer)
-    count = _counts.get(key)
-    if count is None:
-        count = 0
+    entry = _counts.get(key)
+    if entry is None:
+        entry = _counts[key] = (Stream(_stream_key(optimizer)), [0])
         try:
             finalizer = weakref.finalize(optimizer, _counts.pop, key, None)
             finalizer.atexit = False
         except TypeError:  # not weak-referenceable: counted until the process ends
             pass
-    count += 1
-    _counts[key] = count
-    return count
+    return entry
 
 
-def _check(optimizer, step):
-    from . import synccheck
+def _check(optimizer, stream, step):
+    from . import comm, compare, report as reports
 
-    named = compared_parameters(optimizer)
-    report = synccheck.compare_replicas(named, step)
+    channel = comm.channel()
+    if channel is None:  # one process, or world size 1: nothing to compare, nothing entered
+        return
+    try:
+        report = compare.run(optimizer, step, stream, channel=channel)
+    except comm.StoodDown as exc:
+        stream.stood_down = str(exc)
+        if exc.broken:
+            disarm()
+        _warn_once(("stood down", str(exc)), "tpu-closure-fix: the zero-code sync check stands down for %s "
+                   "at step %d: %s. Training goes on." % (stream.key, step, exc), stacklevel=_user_stacklevel())
+        return
+    if report.outcome == "out_of_step":
+        stream.stood_down = report.reason
+    if report.diverged or report.nonfinite:
+        _name_by_module(report, optimizer)
     seen["checks"] += 1
     seen["last_report"] = report
-    synccheck._act(report, _armed["action"], stacklevel=_user_stacklevel())
+    reports.act(report, _armed["action"], rank=channel.rank, stacklevel=_user_stacklevel())
 
 
-def compared_parameters(optimizer):
-    """[(name, tensor)] of the optimizer's parameters, shards left out (they differ per replica by design)."""
-    out = []
-    for g, group in enumerate(optimizer.param_groups):
-        for i, param in enumerate(group["params"]):
-            if not is_sharded(param):
-                out.append(("param_groups[%d][%d] %s" % (g, i, "x".join(str(n) for n in param.shape)), param))
-    return out
+def _name_by_module(report, optimizer):
+    """Replace ``param_groups[g][i]`` names by module paths (``encoder.layers.3.weight``), looking for the
+    modules that hold the optimizer's parameters (only when something is reported)."""
+    import gc
+
+    import torch
+
+    wanted = {id(p): name for name, p in _listed(optimizer)}
+    found = {}
+    module_class = torch.nn.Module
+    for obj in gc.get_objects():
+        # type(), not isinstance(): isinstance also reads obj.__class__, which some live objects answer with
+        # a FutureWarning (torch.distributed.reduce_op) that the user would see at every report
+        if not issubclass(type(obj), module_class):
+            continue
+        try:
+            named = list(obj.named_parameters())
+        except Exception:
+            continue
+        for name, p in named:  # the module holding most parameters (the model itself) names them
+            if id(p) in wanted and (id(p) not in found or len(named) > found[id(p)][1]):
+                found[id(p)] = (name, len(named))
+    by_old = {wanted[i]: found[i][0] for i in found}
+    report.names = [by_old.get(n, n) for n in report.names]
 
 
-def is_sharded(param):
-    """Whether a parameter holds only this replica's shard: torch_xla FSDP, torch FSDP, a sharded DTensor."""
-    if getattr(param, "_is_sharded", False):
-        return True
-    names = {cls.__name__ for cls in type(param).__mro__}
-    if "FlatParameter" in names:
-        return True
-    if "DTensor" in names:
-        placements = getattr(param, "placements", ())
-        return any(type(p).__name__ != "Replicate" for p in placements)
-    return False
+def _listed(optimizer):
+    from .compare import listed
 
-
+    return listed(optimizer)
 def _user_stacklevel():
-    """The ``stacklevel`` for a warning issued in ``synccheck._act`` called by :func:`_check`: the first frame
-    outside torch, the frameworks and this package (level 1 is ``_act``, 2 is ``_check``)."""
+    """The ``stacklevel`` for a warning issued in ``report.act`` called by :func:`_check`: the first frame
+    outside torch, the frameworks and this package (level 1 is ``act``, 2 is ``_check``)."""
     prefixes = tuple(_library_dirs())
     frame, level = sys._getframe(1), 2  # _check's frame
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(prefixes):
@@ -268,9 +332,9 @@ def _user_stacklevel():
 
 
 def _library_dirs():
-    from .sites import top_level_packages
+    from ..sites import top_level_packages
 
-    yield os.path.dirname(os.path.abspath(__file__)) + os.sep
+    yield os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
     for name in LIBRARY_PACKAGES + tuple(sorted(top_level_packages())):
         path = getattr(sys.modules.get(name), "__file__", None)
         if path:

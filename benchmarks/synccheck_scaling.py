@@ -1,0 +1,119 @@
+#!/usr/bin/env python
+"""How one SyncCheck comparison's cost grows with the replicas, measured (not a test).
+
+For each world size (``--worlds``, default 2, 4, 8, 16) that many processes (torch.distributed over
+gloo, CPU, one thread each) hold the demo's model (``--model``, as benchmarks/synccheck_overhead.py) and
+run ``--reps`` comparisons (``compare_replicas``: fingerprint, the store agreement, one MAX all-reduce of
+the fixed-length vector on the check's own gloo group), each after a barrier so that every rank starts
+it together. Rank 0 prints the median time of one comparison and of its parts, each timed alone: the
+fingerprint (local, independent of the world), the agreement through the store and the all-reduce (what
+grows with the world).
+
+On this project's 2-core machine, worlds above 2 oversubscribe the cores, so the figures there include
+waiting for a core: an upper bound of what the exchange costs, used in docs/synccheck.md to bound a pod.
+
+    python benchmarks/synccheck_scaling.py                 # the figures in docs/synccheck.md
+    python benchmarks/synccheck_scaling.py --smoke         # a few seconds: the script works
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from synccheck_overhead import MODELS, build_model  # noqa: E402
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker(rank, world, port, model, reps):
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, REPO)
+    from tpu_closure_fix.synccheck import comm, compare, fingerprint, groups
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
+    torch.manual_seed(0)
+    net = build_model(MODELS[model])
+    totals, prints, agrees, reduces = [], [], [], []
+    channel = comm.channel()
+    for i in range(reps + 1):
+        dist.barrier()
+        start = time.perf_counter()
+        layout = groups.Layout(list(net.named_parameters()), rank)
+        vector = fingerprint.local_vector(layout.entries, layout.structures, step=i, lanes=layout.lanes)
+        middle = time.perf_counter()
+        dist.barrier()
+        agreed = time.perf_counter()
+        assert channel.agree("bench/%d" % i)
+        reduce_start = time.perf_counter()
+        channel.all_reduce_max(vector)
+        reduce_end = time.perf_counter()
+        dist.barrier()
+        begin = time.perf_counter()
+        report = compare.compare_replicas(net, step=i)
+        end = time.perf_counter()
+        assert report.outcome == "identical", report.message()
+        if i:  # the first includes making the check's own group
+            prints.append(middle - start)
+            agrees.append(reduce_start - agreed)
+            reduces.append(reduce_end - reduce_start)
+            totals.append(end - begin)
+    dist.barrier()
+    if rank == 0:
+        fp, total = statistics.median(prints), statistics.median(totals)
+        print(json.dumps({"world": world, "check_ms": total * 1e3, "fingerprint_ms": fp * 1e3,
+                          "agree_ms": statistics.median(agrees) * 1e3, "reduce_ms": statistics.median(reduces) * 1e3,
+                          "vector_bytes": 4 * fingerprint.vector_length(), "reps": reps}), flush=True)
+    dist.destroy_process_group()
+
+
+def measure(world, model, reps):
+    port = _free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", TPU_CLOSURE_FIX="0", PYTHONPATH=REPO)
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", str(rank), str(world), str(port),
+                               model, str(reps)], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              universal_newlines=True) for rank in range(world)]
+    out = [p.communicate(timeout=1800)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit("world %d: a worker failed (%s)" % (world, [p.returncode for p in procs]))
+    return json.loads(out[0].strip().splitlines()[-1])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
+    parser.add_argument("--worlds", default="2,4,8,16")
+    parser.add_argument("--model", default="demo", choices=sorted(MODELS))
+    parser.add_argument("--reps", type=int, default=50)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    if args.worker:
+        rank, world, port, model, reps = args.worker
+        return worker(int(rank), int(world), int(port), model, int(reps))
+    worlds = [2] if args.smoke else [int(w) for w in args.worlds.split(",")]
+    reps = 3 if args.smoke else args.reps
+    print("one SyncCheck comparison (%s model), median of %d, gloo on %d cores" % (args.model, reps, os.cpu_count()))
+    print("%6s %10s %15s %10s %11s %11s" % ("world", "check ms", "fingerprint ms", "agree ms", "reduce ms",
+                                              "vector KiB"))
+    for world in worlds:
+        r = measure(world, args.model, reps)
+        print("%6d %10.2f %15.2f %10.2f %11.2f %11.1f" % (r["world"], r["check_ms"], r["fingerprint_ms"],
+                                                          r["agree_ms"], r["reduce_ms"], r["vector_bytes"] / 1024.0),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

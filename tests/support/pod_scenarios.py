@@ -1,0 +1,417 @@
+"""Replica scenarios for SyncCheck on a small "pod": one process per rank, joined by torch.distributed (gloo).
+
+Run by :func:`support.ranks.run_ranks` as ``python -m support.pod_scenarios --scenario NAME --rank R
+--world W --port P --out FILE [--variant V] [--kill]`` (or as a script, ``python .../pod_scenarios.py``,
+under ``tpu-closure-fix run``). Each scenario is a training loop or a few ``compare_replicas`` calls;
+``--variant`` picks the "right" case or its twin. The child writes one JSON file:
+
+* ``warnings``: every ``TPUClosureFixWarning`` issued (``message``, ``filename``, ``lineno``), shown
+  always (no once-per-location filtering);
+* ``reports``: ``SyncReport.as_dict()`` of the reports the scenario got, each with ``message`` and ``case``;
+* ``hook``: what the zero-code check did here (module loaded, armed every N, ``seen["checks"]``, the
+  last report, per stream: key, checks, stood down);
+* ``error``: the exception the scenario ended with (``Type: message``), or None; ``result``: scenario facts;
+* ``modules``: the files ``tpu_closure_fix`` and ``_tpu_closure_fix_startup`` were loaded from (None: not
+  loaded), ``seconds``: wall time since the interpreter reached this module.
+
+Module level imports only the standard library: the ``plain`` scenario is a script that imports neither a
+framework nor ``tpu_closure_fix`` (only the start-up hook may bring it in). Every other scenario imports
+``tpu_closure_fix`` first, as a user's script would at its top.
+
+Exit code: 0 when the scenario ended without an exception, 3 when it raised (the JSON is written either way);
+a rank told ``--kill`` dies with ``os._exit(1)`` where the scenario says.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+import warnings
+
+T0 = time.monotonic()
+NEURON_STATE = "neuronx_distributed.parallel_layers.parallel_state"
+OURS = r"(SyncCheck|tpu-closure-fix)"
+SEEN = []
+
+
+def _record_warnings():
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if any(c.__name__ == "TPUClosureFixWarning" for c in category.__mro__):
+            SEEN.append({"message": str(message), "category": category.__name__, "filename": filename,
+                         "lineno": lineno})
+        original(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    _show_ours()
+
+
+def _show_ours():
+    warnings.filterwarnings("always", message=OURS)
+
+
+class Context(object):
+    def __init__(self, args):
+        self.rank, self.world, self.variant, self.kill = args.rank, args.world, args.variant, args.kill
+        self.reports, self.result, self.barrier = [], {}, True
+
+    def keep(self, report, case):
+        if report is None:
+            self.reports.append({"case": case, "outcome": None})
+            return
+        entry = report.as_dict()
+        entry.update(case=case, message=report.message())
+        self.reports.append(entry)
+
+
+# --------------------------------------------------------------------------- training pieces
+def make_model(seed=0):
+    import torch
+
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def batch(data_rank, step):
+    import torch
+
+    gen = torch.Generator().manual_seed(1000 * (data_rank + 1) + step)
+    return torch.randn(16, 8, generator=gen), torch.randn(16, 4, generator=gen)
+
+
+def all_reduce_grads(params, world):
+    import torch.distributed as dist
+
+    for p in params:
+        dist.all_reduce(p.grad)
+        p.grad.div_(world)
+
+
+def train_step(model, optimizer, x, y, reduce, world):
+    import torch
+
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    if reduce:
+        all_reduce_grads(list(model.parameters()), world)
+    optimizer.step()
+
+
+def hook_state():
+    """What the zero-code check did in this process (read from the loaded modules, nothing imported)."""
+    hook = sys.modules.get("tpu_closure_fix.synccheck.hook")
+    if hook is None:
+        return {"loaded": False, "checks": 0, "armed_every": 0, "last_report": None, "streams": []}
+    last = hook.seen["last_report"]
+    streams = [{"key": stream.key, "checks": stream.checks, "steps": steps, "stood_down": stream.stood_down}
+               for stream, steps in list(hook._counts.values())]
+    return {"loaded": True, "checks": hook.seen["checks"], "armed_every": hook.armed_every(),
+            "last_report": None if last is None else last.as_dict(), "streams": sorted(streams, key=lambda s: s["key"])}
+
+
+# --------------------------------------------------------------------------- scenarios
+def probe(ctx):
+    """(a) A correct loop (``--variant noreduce``: no gradient all-reduce); after step 1 only rank 0 probes
+    for accelerate with importlib.util.find_spec (the start-up watcher's trigger)."""
+    import torch
+
+    model = make_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1, 13):
+        train_step(model, optimizer, *batch(ctx.rank, step), reduce=ctx.variant != "noreduce", world=ctx.world)
+        if step == 1 and ctx.rank == 0:
+            ctx.result["probed"] = importlib.util.find_spec("accelerate") is not None
+    ctx.result["steps"] = 12
+
+
+def probe_optimizer(ctx):
+    """(b) A correct loop; rank 0 also trains a probe model with an optimizer of its own every step."""
+    import torch
+
+    hook = sys.modules["tpu_closure_fix.synccheck.hook"]
+    model = make_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe_model = torch.nn.Linear(4, 1)
+    probe_optimizer = torch.optim.SGD(probe_model.parameters(), lr=0.1)
+    for step in range(1, 13):
+        x, y = batch(ctx.rank, step)
+        train_step(model, optimizer, x, y, reduce=True, world=ctx.world)
+        if ctx.rank == 0:
+            probe_optimizer.zero_grad()
+            probe_model(model(x).detach()).pow(2).mean().backward()
+            probe_optimizer.step()
+    ctx.result["main_stream"] = hook._counts[id(optimizer)][0].key
+    ctx.result["main_checks"] = hook._counts[id(optimizer)][0].checks
+    if ctx.rank == 0:
+        ctx.result["probe_stream"] = hook._counts[id(probe_optimizer)][0].key
+        ctx.result["probe_stood_down"] = hook._counts[id(probe_optimizer)][0].stood_down
+
+
+def plain(ctx):
+    """(c) A plain torch.distributed script: no framework, no ``import tpu_closure_fix``; gradients all-reduced
+    (``--variant reduce``) or not (default)."""
+    import torch
+
+    model = make_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1, 13):
+        train_step(model, optimizer, *batch(ctx.rank, step), reduce=ctx.variant == "reduce", world=ctx.world)
+    ctx.result["pythonpath"] = os.environ.get("PYTHONPATH", "")
+    ctx.result["sync_check_var"] = os.environ.get("TPU_CLOSURE_FIX_SYNC_CHECK")
+
+
+def seeded(ctx):
+    """(d) check_sync(every=5) on three correct loops, called with step 0 before the first step as documented:
+    models seeded by rank ("by-rank"), the same seed ("same"), the same seed with rank 1 perturbing a weight
+    after step 3 ("perturbed")."""
+    import torch
+
+    from tpu_closure_fix import check_sync
+
+    for case, seed, steps in (("by-rank", ctx.rank, 5), ("same", 0, 5), ("perturbed", 0, 5)):
+        model = make_model(seed)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        ctx.keep(check_sync(model, 0, every=5), "%s@0" % case)
+        for step in range(1, steps + 1):
+            train_step(model, optimizer, *batch(ctx.rank, step), reduce=True, world=ctx.world)
+            if case == "perturbed" and step == 3 and ctx.rank == 1:
+                with torch.no_grad():
+                    model[2].weight[0, 0] += 1e-3
+            report = check_sync(model, step, every=5)
+            if report is not None:
+                ctx.keep(report, "%s@%d" % (case, step))
+
+
+def dtensor(ctx):
+    """(e) A 2x2 (dp, tp) mesh: ``w`` sharded over tp, ``b`` replicated."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    from tpu_closure_fix import compare_replicas
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    full_w, full_b = torch.randn(4, 6), torch.randn(6)
+    w = torch.nn.Parameter(distribute_tensor(full_w, mesh, [Replicate(), Shard(0)]))
+    b = torch.nn.Parameter(distribute_tensor(full_b, mesh, [Replicate(), Replicate()]))
+    ctx.result["coordinate"] = list(mesh.get_coordinate())
+    ctx.result["w_local"] = w.to_local().detach().reshape(-1).tolist()
+    ctx.result["types"] = [type(w).__name__, type(b).__name__]
+    ctx.keep(compare_replicas({"w_local": w.to_local().detach().clone()}), "local-shards-as-plain")
+    ctx.keep(compare_replicas({"w": w, "b": b}), "dict")
+    ctx.keep(compare_replicas([("w", w), ("b", b)]), "list")
+    if ctx.rank == 2:  # dp replica 1 of tp shard 0
+        with torch.no_grad():
+            w._local_tensor[0, 0] += 1.0
+    ctx.keep(compare_replicas({"w": w, "b": b}), "changed")
+
+
+def neuron(ctx):
+    """(f) neuronx-distributed style TP 2 x DP 2: the double's parallel_state, patched to report tensor
+    parallel size 2 and data-parallel replica groups [[0, 2], [1, 3]]."""
+    import torch
+
+    from support import neuron_sdk
+
+    from tpu_closure_fix import compare_replicas
+
+    neuron_sdk.install(ctx.world, ctx.rank)
+    state = sys.modules[NEURON_STATE]
+    tp = 2
+    groups = [[r for r in range(ctx.world) if r % tp == t] for t in range(tp)]
+    state.get_tensor_model_parallel_size = lambda: tp
+    state.get_tensor_model_parallel_rank = lambda: ctx.rank % tp
+    state.get_data_parallel_size = lambda: ctx.world // tp
+    state.get_data_parallel_rank = lambda: ctx.rank // tp
+    state.get_data_parallel_replica_groups = lambda: [list(g) for g in groups]
+    torch.manual_seed(0)
+    full, bias = torch.randn(4, 6), torch.randn(6)
+    shard = full.chunk(tp)[ctx.rank % tp].clone()
+    ctx.result["groups"] = groups
+    named = {"shard": shard, "bias": bias}
+    ctx.keep(compare_replicas(named), "tp")
+    state.model_parallel_is_initialized = lambda: False  # no parallel state: compared over the whole world
+    ctx.keep(compare_replicas(named), "no-parallel-state")
+    state.model_parallel_is_initialized = lambda: True
+    if ctx.rank == 3:  # dp replica 1 of tp rank 1
+        shard[0, 0] += 1.0
+    ctx.keep(compare_replicas(named), "changed")
+
+
+def optimizer(ctx):
+    """(g) compare_replicas of optimizers (differing and agreeing replicas) and of an exhausted generator."""
+    import torch
+
+    from tpu_closure_fix import compare_replicas
+
+    model = make_model(0)
+    if ctx.rank == 1:
+        with torch.no_grad():
+            model[0].weight[0, 0] += 1e-3
+    differing = torch.optim.SGD(model.parameters(), lr=0.1)
+    ctx.keep(compare_replicas(differing), "differing")
+    generator = (p for p in model.parameters())
+    ctx.result["exhausted"] = len(list(generator))
+    ctx.keep(compare_replicas(generator), "exhausted-generator")
+    agreeing = torch.optim.SGD(make_model(0).parameters(), lr=0.1)
+    ctx.keep(compare_replicas(agreeing), "agreeing")
+
+
+class OutOfData(Exception):
+    pass
+
+
+def lbfgs(ctx):
+    """(h) LBFGS (gradients and loss all-reduced in the closure) on 2 batches: its closure raises at step 3;
+    the script goes on with SGD for 10 steps, without the gradient all-reduce (``--variant reduce``: with)."""
+    import torch
+    import torch.distributed as dist
+
+    model = make_model(0)
+    params = list(model.parameters())
+    lbfgs_optimizer = torch.optim.LBFGS(params, lr=0.1, max_iter=1)
+    data = iter([batch(ctx.rank, s) for s in (1, 2)])
+    done = 0
+    for step in range(1, 5):
+        def closure():
+            try:
+                x, y = next(data)
+            except StopIteration:
+                raise OutOfData("out of data at step %d" % step)
+            lbfgs_optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            all_reduce_grads(params, ctx.world)
+            total = loss.detach().clone()
+            dist.all_reduce(total)
+            return total / ctx.world
+
+        try:
+            lbfgs_optimizer.step(closure)
+            done += 1
+        except OutOfData as exc:
+            ctx.result["caught"] = str(exc)
+            break
+    ctx.result["lbfgs_steps"] = done
+    sgd = torch.optim.SGD(params, lr=0.1)
+    for step in range(1, 11):
+        train_step(model, sgd, *batch(ctx.rank, 10 + step), reduce=ctx.variant == "reduce", world=ctx.world)
+    hook = sys.modules["tpu_closure_fix.synccheck.hook"]
+    ctx.result["lbfgs_checks"] = hook._counts[id(lbfgs_optimizer)][0].checks
+    ctx.result["sgd_checks"] = hook._counts[id(sgd)][0].checks
+
+
+def many(ctx):
+    """(i) 3,000 tensors; then rank 1 changes one of them (t1234)."""
+    import torch
+
+    from tpu_closure_fix import compare_replicas
+
+    base = torch.randn(3000, 3, generator=torch.Generator().manual_seed(0))
+    named = [("t%d" % k, base[k].clone()) for k in range(3000)]
+    ctx.keep(compare_replicas(named), "same")
+    if ctx.rank == 1:
+        named[1234][1][1] += 1e-3
+    ctx.keep(compare_replicas(named), "one-differs")
+
+
+def killed(ctx):
+    """(j) A correct loop of 12 steps; the rank told ``--kill`` dies (os._exit(1)) right before its check at
+    step 5 (in its optimizer's own post-hook, which torch runs before the global ones)."""
+    import torch
+
+    model = make_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    count = [0]
+
+    def die_before_check(opt, args, kwargs):
+        count[0] += 1
+        if ctx.kill and count[0] == 5:
+            sys.stderr.write("rank %d: os._exit(1) before the check at step 5\n" % ctx.rank)
+            sys.stderr.flush()
+            os._exit(1)
+
+    optimizer.register_step_post_hook(die_before_check)
+    ctx.barrier = False  # a peer is gone: no final barrier
+    for step in range(1, 13):
+        ctx.result["step"] = step
+        train_step(model, optimizer, *batch(ctx.rank, step), reduce=True, world=ctx.world)
+    ctx.result["finished"] = True
+
+
+def four(ctx):
+    """(k) No gradient all-reduce; ranks 0..W-2 train on the same data (they stay bitwise equal), the last
+    rank on its own: one rank holds another version."""
+    import torch
+
+    model = make_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    data_rank = 1 if ctx.rank == ctx.world - 1 else 0
+    for step in range(1, 11):
+        train_step(model, optimizer, *batch(data_rank, step), reduce=False, world=ctx.world)
+
+
+SCENARIOS = {"probe": probe, "probe-optimizer": probe_optimizer, "plain": plain, "seeded": seeded,
+             "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,
+             "killed": killed, "four": four}
+
+
+def _module_file(name):
+    return getattr(sys.modules.get(name), "__file__", None)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="one rank of a SyncCheck pod scenario")
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--variant", default="")
+    parser.add_argument("--kill", action="store_true")
+    args = parser.parse_args(argv)
+    _record_warnings()
+    if args.scenario != "plain":
+        import tpu_closure_fix  # noqa: F401  (the top of a user's script)
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=args.rank,
+                            world_size=args.world, timeout=timedelta(seconds=60))
+    _show_ours()
+    ctx = Context(args)
+    error = None
+    try:
+        SCENARIOS[args.scenario](ctx)
+    except Exception as exc:
+        error = "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+    payload = {"rank": args.rank, "world": args.world, "scenario": args.scenario, "variant": args.variant,
+               "warnings": SEEN, "reports": ctx.reports, "hook": hook_state(), "error": error, "result": ctx.result,
+               "modules": {"tpu_closure_fix": _module_file("tpu_closure_fix"),
+                           "_tpu_closure_fix_startup": _module_file("_tpu_closure_fix_startup")},
+               "seconds": round(time.monotonic() - T0, 2)}
+    with open(args.out + ".part", "w") as handle:
+        json.dump(payload, handle, default=str)
+    os.replace(args.out + ".part", args.out)
+    if ctx.barrier and error is None:
+        try:
+            dist.barrier()
+        except Exception:
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if error is None else 3)  # no gloo teardown with peers gone
+
+
+if __name__ == "__main__":
+    if __package__ in (None, ""):  # run as a script: this folder is sys.path[0]; the tests folder must serve
+        tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        if tests not in sys.path:
+            sys.path.append(tests)
+    main()

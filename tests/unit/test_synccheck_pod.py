@@ -1,0 +1,326 @@
+"""SyncCheck on a small pod of real replica processes (gloo over 127.0.0.1): the zero-code hook under
+asymmetric ranks (a probe on rank 0, an optimizer stepped on rank 0 only, an LBFGS step that raised, a rank
+killed before a check), ``tpu-closure-fix run --sync-check`` on a script that never imports the package,
+the "started different" / "diverged between" diagnoses, replica groups of DTensor meshes and of
+neuronx-distributed's parallel state, what ``compare_replicas`` takes, and one report per check.
+
+Every "right" case has its twin that shows the failure; the scenarios are in
+tests/support/pod_scenarios.py, started by tests/support/ranks.py (one thread each, a hard timeout).
+"""
+import os
+import sys
+
+import pytest
+
+pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
+
+from support import ranks  # noqa: E402
+
+REPO = ranks.REPO
+SYNC = "TPU_CLOSURE_FIX_SYNC_CHECK"
+TIMEOUT_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT"
+DIVERGED = "data-parallel replicas hold different parameters"
+STANDS_DOWN = "the zero-code sync check stands down for"
+NOT_REACHED = "not every rank reached this check"
+
+
+def _ok(runs):
+    ranks.assert_all_ok(runs)
+    return runs
+
+
+def _by_case(run):
+    return {r["case"]: r for r in run.reports}
+
+
+# --------------------------------------------------------------------------- (a) a probe on rank 0 only
+def test_the_children_run_the_working_tree(tmp_path):
+    """The venv holds an old copy of the package: the children must import this checkout's."""
+    runs = _ok(ranks.run_ranks("many", 2, tmp_path))
+    for run in runs:
+        assert run.payload["modules"]["tpu_closure_fix"] == os.path.join(REPO, "tpu_closure_fix", "__init__.py")
+        assert run.payload["modules"]["_tpu_closure_fix_startup"] == os.path.join(REPO, "startup",
+                                                                                  "_tpu_closure_fix_startup.py")
+
+
+def test_a_probe_on_rank_0_only_keeps_the_checks_in_step(tmp_path):
+    runs = _ok(ranks.run_ranks("probe", 2, tmp_path, env={SYNC: "5"}))
+    assert "probed" in runs[0].result and "probed" not in runs[1].result
+    for run in runs:
+        assert run.messages == [], run.describe()
+        assert run.hook["armed_every"] == 5
+        assert run.hook["checks"] == 4  # before step 1, after steps 1, 5, 10 of 12
+        assert run.hook["last_report"]["outcome"] == "identical"
+        assert run.hook["last_report"]["step"] == 10
+
+
+def test_a_probe_on_rank_0_twin_without_the_gradient_all_reduce_warns_on_rank_0(tmp_path):
+    runs = _ok(ranks.run_ranks("probe", 2, tmp_path, env={SYNC: "5"}, args=["--variant", "noreduce"]))
+    warned = runs[0].messages
+    assert len(warned) == 3 and all(DIVERGED in m for m in warned), warned  # identical before step 1
+    assert all("'0.weight'" in m for m in warned)  # named by module path, not param_groups[0][0]
+    assert "between the start (identical before the first optimizer step) and step 1" in warned[0]
+    assert [w["filename"] for w in runs[0].warnings] == [os.path.join(ranks.HERE, "pod_scenarios.py")] * 3
+    assert runs[1].messages == []
+    assert [run.hook["checks"] for run in runs] == [4, 4]
+    assert runs[1].hook["last_report"]["outcome"] == "differ"
+
+
+def test_raise_stops_every_rank_at_the_same_check(tmp_path):
+    env = {SYNC: "5", SYNC + "_ON_DIVERGENCE": "raise"}
+    runs = ranks.run_ranks("probe", 2, tmp_path, env=env, args=["--variant", "noreduce"])
+    for run in runs:
+        assert run.returncode == 3 and not run.timed_out, run.describe()
+        assert run.failure.startswith("ReplicaDivergenceError: SyncCheck: data-parallel replicas hold different "
+                                      "parameters between the start (identical before the first optimizer step) "
+                                      "and step 1"), run.failure
+        assert run.hook["checks"] == 2 and "steps" not in run.result
+
+
+def test_raise_twin_with_the_all_reduce_runs_to_the_end(tmp_path):
+    env = {SYNC: "5", SYNC + "_ON_DIVERGENCE": "raise"}
+    runs = _ok(ranks.run_ranks("probe", 2, tmp_path, env=env))
+    assert [run.result["steps"] for run in runs] == [12, 12]
+
+
+# --------------------------------------------------------------------------- (b) an optimizer on rank 0 only
+def test_an_optimizer_stepped_on_rank_0_only_stands_down_once_and_the_main_checks_go_on(tmp_path):
+    runs = _ok(ranks.run_ranks("probe-optimizer", 2, tmp_path, env={SYNC: "5", TIMEOUT_VAR: "3"}))
+    zero, one = runs
+    for run in runs:
+        assert run.seconds < 60 and run.parent_seconds < 60, run.describe()
+    probe, main = zero.result["probe_stream"], zero.result["main_stream"]
+    assert probe != main and one.result["main_stream"] == main
+    assert len(zero.messages) == 1, zero.messages
+    message = zero.messages[0]
+    assert message.startswith("tpu-closure-fix: %s %s at step 0: " % (STANDS_DOWN, probe)), message
+    assert NOT_REACHED in message and "within 3s" in message
+    assert zero.result["probe_stood_down"].startswith(NOT_REACHED)
+    assert one.messages == []
+    assert zero.result["main_checks"] == one.result["main_checks"] == 4
+    assert zero.hook["checks"] == one.hook["checks"] == 4
+    assert zero.hook["last_report"]["outcome"] == one.hook["last_report"]["outcome"] == "identical"
+
+
+# --------------------------------------------------------------------------- (c) tpu-closure-fix run --sync-check
+RUN = [sys.executable, "-m", "tpu_closure_fix", "run", "--sync-check", "5", "--"]
+
+
+def _check_the_working_tree_ran(run):
+    assert run.payload["modules"]["tpu_closure_fix"] == os.path.join(REPO, "tpu_closure_fix", "__init__.py")
+    assert run.payload["modules"]["_tpu_closure_fix_startup"] == os.path.join(REPO, "startup",
+                                                                              "_tpu_closure_fix_startup.py")
+    assert run.result["pythonpath"].split(os.pathsep)[0] == os.path.join(REPO, "tpu_closure_fix", "_bootstrap")
+    assert run.result["sync_check_var"] == "5"
+
+
+def test_run_sync_check_on_a_plain_script_that_diverges_warns_on_rank_0(tmp_path):
+    runs = _ok(ranks.run_ranks("plain", 2, tmp_path, launcher=RUN))
+    for run in runs:
+        _check_the_working_tree_ran(run)
+        assert run.hook["checks"] == 4
+    assert len(runs[0].messages) == 3 and all(DIVERGED in m for m in runs[0].messages), runs[0].messages
+    assert runs[1].messages == []
+
+
+def test_run_sync_check_on_the_plain_script_twin_with_the_all_reduce_is_silent(tmp_path):
+    runs = _ok(ranks.run_ranks("plain", 2, tmp_path, launcher=RUN, args=["--variant", "reduce"]))
+    for run in runs:
+        _check_the_working_tree_ran(run)
+        assert run.messages == []
+        assert run.hook["checks"] == 4 and run.hook["last_report"]["outcome"] == "identical"
+
+
+def test_the_plain_script_without_run_checks_nothing(tmp_path):
+    """Twin of the diverging run: the same script started without ``run`` never loads the package."""
+    runs = _ok(ranks.run_ranks("plain", 2, tmp_path))
+    for run in runs:
+        assert run.payload["modules"]["tpu_closure_fix"] is None
+        assert run.hook["loaded"] is False and run.messages == []
+        assert run.result["sync_check_var"] is None
+
+
+# --------------------------------------------------------------------------- (d) started different / diverged between
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory):
+    return _ok(ranks.run_ranks("seeded", 2, tmp_path_factory.mktemp("seeded")))
+
+
+def test_replicas_seeded_by_rank_started_different(seeded):
+    for run in seeded:
+        report = _by_case(run)["by-rank@0"]
+        assert report["outcome"] == "differ" and report["first_check"] is True and report["started_different"]
+        assert "before the first optimizer step: the replicas started different" in report["message"]
+        assert report["differing"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+        report = _by_case(run)["by-rank@1"]
+        assert report["outcome"] == "differ" and report["first_check"] is False and not report["started_different"]
+        assert report["differing"] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+        later = _by_case(run)["by-rank@5"]
+        assert later["outcome"] == "differ" and later["first_check"] is False and not later["started_different"]
+        assert "started different" not in later["message"]
+
+
+def test_replicas_with_the_same_seed_are_identical_at_step_1(seeded):
+    for run in seeded:
+        cases = _by_case(run)
+        assert cases["same@0"]["outcome"] == "identical" and cases["same@0"]["first_check"] is True
+        assert cases["same@1"]["outcome"] == "identical" and cases["same@1"]["first_check"] is False
+        assert cases["same@5"]["outcome"] == "identical" and cases["same@5"]["identical_at"] == 1
+
+
+def test_a_replica_perturbed_after_step_3_diverged_between_step_1_and_step_5(seeded):
+    for run in seeded:
+        cases = _by_case(run)
+        assert cases["perturbed@1"]["outcome"] == "identical"
+        report = cases["perturbed@5"]
+        assert report["outcome"] == "differ" and report["differing"] == ["2.weight"]
+        assert report["first_check"] is False and report["identical_at"] == 1
+        assert "between step 1 (identical) and step 5" in report["message"]
+        assert "started different" not in report["message"]
+    # check_sync's one report per check: rank 0 warns (by-rank at 0, 1 and 5, perturbed at 5), rank 1 never
+    assert len(seeded[0].messages) == 4 and seeded[1].messages == []
+
+
+# --------------------------------------------------------------------------- (e) DTensor on a 2x2 mesh
+@pytest.fixture(scope="module")
+def dtensor(tmp_path_factory):
+    return _ok(ranks.run_ranks("dtensor", 4, tmp_path_factory.mktemp("dtensor"), env={"TPU_CLOSURE_FIX": "0"}))
+
+
+def test_dtensor_shards_differ_over_tp_and_agree_over_dp(dtensor):
+    for run in dtensor:
+        assert run.result["coordinate"] == [run.rank // 2, run.rank % 2]
+        assert run.result["types"] == ["DTensor", "DTensor"]
+    local = [run.result["w_local"] for run in dtensor]
+    assert local[0] == local[2] and local[1] == local[3] and local[0] != local[1]
+    for run in dtensor:  # the twin: the same local shards as plain tensors differ over the world
+        report = _by_case(run)["local-shards-as-plain"]
+        assert report["outcome"] == "differ" and report["versions"] == [[0, 2], [1, 3]]
+
+
+def test_dtensor_replicas_that_agree_over_dp_are_identical(dtensor):
+    for run in dtensor:
+        for case in ("dict", "list"):
+            report = _by_case(run)[case]
+            assert report["outcome"] == "identical" and report["differing"] == [], report
+            assert "all 2 parameter tensors bitwise identical on all 4 replicas" in report["message"]
+
+
+def test_dtensor_local_shard_changed_on_one_dp_replica_is_named(dtensor):
+    for run in dtensor:
+        report = _by_case(run)["changed"]
+        assert report["outcome"] == "differ" and report["differing"] == ["w"]
+        assert report["versions"] == [[0], [2]]
+        assert "(rank 0 holds one version; rank 2 holds another)" in report["message"]
+    assert [len(run.messages) for run in dtensor] == [0, 0, 0, 0]  # compare_replicas only reports
+
+
+# --------------------------------------------------------------------------- (f) neuronx-distributed TP 2 x DP 2
+@pytest.fixture(scope="module")
+def neuron(tmp_path_factory):
+    return _ok(ranks.run_ranks("neuron", 4, tmp_path_factory.mktemp("neuron"), env={"TPU_CLOSURE_FIX": "0"}))
+
+
+def test_neuron_tp_shards_agreeing_within_dp_groups_are_identical(neuron):
+    for run in neuron:
+        assert run.result["groups"] == [[0, 2], [1, 3]]
+        assert _by_case(run)["tp"]["outcome"] == "identical"
+        without = _by_case(run)["no-parallel-state"]  # twin: no parallel state, the TP shards differ
+        assert without["outcome"] == "differ" and without["differing"] == ["shard"]
+        assert without["versions"] == [[0, 2], [1, 3]]
+
+
+def test_neuron_one_dp_replica_changed_differs(neuron):
+    for run in neuron:
+        report = _by_case(run)["changed"]
+        assert report["outcome"] == "differ" and report["differing"] == ["shard"]
+        assert report["versions"] == [[1], [3]]
+
+
+# --------------------------------------------------------------------------- (g) what compare_replicas takes
+@pytest.fixture(scope="module")
+def optimizers(tmp_path_factory):
+    return _ok(ranks.run_ranks("optimizer", 2, tmp_path_factory.mktemp("optimizer")))
+
+
+def test_an_optimizer_of_differing_replicas_differs(optimizers):
+    for run in optimizers:
+        report = _by_case(run)["differing"]
+        assert report["outcome"] == "differ" and report["diverged"] is True
+        assert report["differing"] == ["param_groups[0][0]"] and report["versions"] == [[0], [1]]
+
+
+def test_an_exhausted_generator_is_unverified_with_a_reason(optimizers):
+    for run in optimizers:
+        assert run.result["exhausted"] == 4
+        report = _by_case(run)["exhausted-generator"]
+        assert report["outcome"] == "unverified" and report["diverged"] is False
+        assert report["reason"] == "no parameter tensors to compare on every replica"
+        assert "could not compare the replicas" in report["message"]
+
+
+def test_an_optimizer_of_agreeing_replicas_is_identical(optimizers):
+    for run in optimizers:
+        report = _by_case(run)["agreeing"]
+        assert report["outcome"] == "identical" and report["differing"] == []
+
+
+# --------------------------------------------------------------------------- (h) an LBFGS step that raised
+def test_after_an_lbfgs_step_raised_the_hook_still_reports_the_divergence(tmp_path):
+    runs = _ok(ranks.run_ranks("lbfgs", 2, tmp_path, env={SYNC: "5"}))
+    for run in runs:
+        assert run.result["caught"] == "out of data at step 3" and run.result["lbfgs_steps"] == 2
+        assert run.result["lbfgs_checks"] == 2 and run.result["sgd_checks"] == 4  # LBFGS: 0, 1; SGD: 0, 1, 5, 10
+        assert run.hook["checks"] == 6 and run.hook["last_report"]["outcome"] == "differ"
+    assert len(runs[0].messages) == 3 and all(DIVERGED in m for m in runs[0].messages), runs[0].messages
+    assert runs[1].messages == []
+
+
+def test_after_an_lbfgs_step_raised_the_twin_with_the_all_reduce_is_silent(tmp_path):
+    runs = _ok(ranks.run_ranks("lbfgs", 2, tmp_path, env={SYNC: "5"}, args=["--variant", "reduce"]))
+    for run in runs:
+        assert run.result["lbfgs_steps"] == 2 and run.result["sgd_checks"] == 4
+        assert run.hook["checks"] == 6 and run.hook["last_report"]["outcome"] == "identical"
+        assert run.messages == []
+
+
+# --------------------------------------------------------------------------- (i) 3,000 tensors
+def test_one_of_3000_tensors_differing_is_named_exactly(tmp_path):
+    runs = _ok(ranks.run_ranks("many", 2, tmp_path))
+    for run in runs:
+        same = _by_case(run)["same"]
+        assert same["outcome"] == "identical" and "all 3000 parameter tensors" in same["message"]
+        report = _by_case(run)["one-differs"]
+        assert report["outcome"] == "differ" and report["differing"] == ["t1234"]
+        assert "1 of 3000 parameter tensors differ" in report["message"]
+        assert report["worst_parameter"] == "t1234"
+
+
+# --------------------------------------------------------------------------- (j) a rank killed before a check
+def test_a_rank_killed_before_a_check_never_hangs_its_peer(tmp_path):
+    runs = ranks.run_ranks("killed", 2, tmp_path, env={SYNC: "5", TIMEOUT_VAR: "5"}, kill_rank=1, timeout=150)
+    zero, one = runs
+    assert one.returncode == 1 and not one.timed_out and one.payload is None
+    assert "os._exit(1) before the check at step 5" in one.stderr
+    assert not zero.timed_out and zero.parent_seconds < 90, zero.describe()
+    assert zero.returncode == 3, zero.describe()  # the scenario ended with the training's own gloo error
+    assert zero.messages and len(zero.messages) == 1, zero.messages
+    message = zero.messages[0]
+    assert STANDS_DOWN in message and "at step 5" in message and NOT_REACHED in message, message
+    assert "within 5s" in message
+    assert zero.hook["checks"] == 2  # before step 1 and after step 1
+    assert zero.result["step"] == 6  # the next step's gradient all-reduce found the peer gone
+    assert zero.failure.startswith("RuntimeError: ") and "peer" in zero.failure, zero.failure
+
+
+# --------------------------------------------------------------------------- (k) one report per check
+def test_world_4_one_report_per_check_names_the_ranks_by_version(tmp_path):
+    runs = _ok(ranks.run_ranks("four", 4, tmp_path, env={SYNC: "5"}))
+    warned = runs[0].messages
+    assert len(warned) == 3, warned  # steps 1, 5, 10 (identical before step 1): one warning each, rank 0 only
+    for message in warned:
+        assert DIVERGED in message and "(ranks 0-2 hold one version; rank 3 holds another)" in message, message
+    for run in runs:
+        assert run.hook["checks"] == 4
+        assert run.hook["last_report"]["versions"] == [[0, 1, 2], [3]]
+    assert [len(run.messages) for run in runs[1:]] == [0, 0, 0]

@@ -1,0 +1,510 @@
+"""SyncCheck's verdict rules, one by one, in one process: N ranks as threads exchanging through memory.
+
+``compare.run`` and ``compare.decide`` run exactly as on a pod; only the channel is an in-memory one
+(:class:`ThreadChannel`: its all-reduce is the element-wise MAX of the ranks' vectors, its all-gather
+their list), so every numbered rule of ``decide`` -- and the history, the layout of replica groups and
+who speaks -- is asserted in milliseconds, each with the neighbouring case that must not trigger it.
+The same rules over real gloo processes: tests/unit/test_synccheck_replicas.py and test_synccheck_pod.py.
+"""
+import sys
+import threading
+import types
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
+
+from tpu_closure_fix.config import TPUClosureFixWarning  # noqa: E402
+from tpu_closure_fix.synccheck import comm, compare, fingerprint, groups, report  # noqa: E402
+
+
+class ThreadWorld(object):
+    def __init__(self, size):
+        self.size = size
+        self.barrier = threading.Barrier(size, timeout=30)
+        self.values = [None] * size
+
+    def exchange(self, rank, value):
+        self.values[rank] = value
+        self.barrier.wait()
+        out = list(self.values)
+        self.barrier.wait()
+        return out
+
+
+class ThreadChannel(object):
+    kind = "threads"
+
+    def __init__(self, world, rank, agree=True):
+        self.world, self.rank, self.size, self._agree = world, rank, world.size, agree
+        self.gathers = 0
+
+    def device(self, tensors):
+        return torch.device("cpu")
+
+    def agree(self, key):
+        return self._agree
+
+    def forget(self, key):
+        pass
+
+    def all_reduce_max(self, vector):
+        return torch.stack(self.world.exchange(self.rank, vector.detach().clone())).max(dim=0).values
+
+    def all_gather(self, vector):
+        self.gathers += 1
+        return self.world.exchange(self.rank, vector.detach().clone())
+
+
+def on_ranks(size, build, steps=None, streams=None):
+    """Run ``compare.run`` on ``size`` thread-ranks; ``build(rank)`` gives what each rank compares.
+    Returns the reports (and the channels) by rank."""
+    world = ThreadWorld(size)
+    out, channels, errors = [None] * size, [None] * size, []
+
+    def rank_main(rank):
+        try:
+            channels[rank] = ThreadChannel(world, rank)
+            stream = streams[rank] if streams else compare.Stream("test")
+            step = steps[rank] if steps else 1
+            out[rank] = compare.run(build(rank), step, stream, channel=channels[rank])
+        except Exception as exc:  # reported below, with the rank
+            errors.append((rank, exc))
+            world.barrier.abort()
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return out, channels
+
+
+def model(seed=0, n=3):
+    gen = torch.Generator().manual_seed(seed)
+    return [("layer%d.weight" % i, torch.randn(4, 3, generator=gen)) for i in range(n)]
+
+
+# --------------------------------------------------------------------------- the rules of decide, in order
+def test_rule_1_another_format_is_unverified(monkeypatch):
+    original = fingerprint._header
+
+    def header(failed, step, count, digest, lanes):
+        values = original(failed, step, count, digest, lanes)
+        if threading.current_thread().name.endswith("-1"):
+            values[0] = 99.0
+        return values
+
+    monkeypatch.setattr(fingerprint, "_header", header)
+    world = ThreadWorld(2)
+    out = [None, None]
+
+    def rank_main(rank):
+        out[rank] = compare.run(model(), 1, compare.Stream("t"), channel=ThreadChannel(world, rank))
+
+    threads = [threading.Thread(target=rank_main, args=(r,), name="rank-%d" % r) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(30) for t in threads]
+    assert [r.outcome for r in out] == ["unverified"] * 2
+    assert out[0].reason == "the replicas run different SyncCheck formats"
+
+
+def test_rule_2_a_replica_that_cannot_list_makes_every_replica_unverified():
+    reports, _ = on_ranks(2, lambda r: model() if r == 0 else object())
+    assert [r.outcome for r in reports] == ["unverified"] * 2
+    assert reports[0].reason == "another replica could not list or fingerprint its parameters"
+    assert "object" in reports[1].reason and "not a tensor" not in reports[0].reason
+
+
+def test_rule_2_twin_listable_on_every_replica_is_compared():
+    reports, _ = on_ranks(2, lambda r: model())
+    assert [r.outcome for r in reports] == ["identical"] * 2
+
+
+def test_rule_3_ranks_at_different_steps_are_out_of_step_and_named():
+    reports, channels = on_ranks(3, lambda r: model(), steps=[5, 5, 7])
+    assert [r.outcome for r in reports] == ["out_of_step"] * 3
+    assert reports[0].reason == "ranks 0-1 at step 5; rank 2 at step 7"
+    assert not reports[0].diverged and channels[0].gathers == 1
+
+
+def test_rule_3_twin_same_step_compares():
+    reports, channels = on_ranks(3, lambda r: model(), steps=[5, 5, 5])
+    assert [r.outcome for r in reports] == ["identical"] * 3 and channels[0].gathers == 0
+
+
+def test_rule_4_nothing_to_compare_on_some_replica_is_unverified_never_identical():
+    reports, _ = on_ranks(2, lambda r: model() if r == 0 else [])
+    assert [r.outcome for r in reports] == ["unverified"] * 2
+    assert reports[0].reason == "no parameter tensors to compare on some replica"
+    exhausted = iter(())
+    reports, _ = on_ranks(2, lambda r: exhausted)
+    assert reports[0].outcome == "unverified" and reports[0].reason == "no parameter tensors to compare on every replica"
+
+
+def test_rule_5_structure_count_shape_dtype():
+    reports, _ = on_ranks(2, lambda r: model(n=3 if r == 0 else 2))
+    assert reports[0].outcome == "structure" and "number of parameter tensors differs (2 on some" in reports[0].structure
+    reports, _ = on_ranks(2, lambda r: [("w", torch.zeros(3 if r == 0 else 4))])
+    assert reports[0].outcome == "structure" and "'w' has another shape" in reports[0].structure
+    reports, _ = on_ranks(2, lambda r: [("w", torch.zeros(3, dtype=torch.float32 if r == 0 else torch.float64))])
+    assert reports[0].outcome == "structure" and "dtype" in reports[0].structure
+    assert reports[0].diverged
+
+
+def test_rule_6_differ_names_exactly_the_tensor_and_the_ranks():
+    def build(rank):
+        named = model()
+        if rank == 3:
+            named[1][1][0, 0] += 1e-3
+        return named
+
+    reports, channels = on_ranks(4, build)
+    for r in reports:
+        assert r.outcome == "differ" and [r.names[i] for i in r.differing] == ["layer1.weight"]
+        assert r.versions == [[0, 1, 2], [3]] and r.diverged
+    assert abs(reports[0].spread[1] - 1e-3) < 1e-6 and channels[0].gathers == 1
+    assert "ranks 0-2 hold one version; rank 3 holds another" in reports[0].message()
+
+
+def test_rule_6_one_of_many_tensors_sharing_a_slot_is_named_alone():
+    def build(rank):
+        named = [("t%d" % i, torch.full((2,), float(i))) for i in range(3000)]
+        if rank == 1:
+            named[1476] = ("t1476", torch.full((2,), -1.0))
+        return named
+
+    reports, _ = on_ranks(2, build)
+    assert [reports[0].names[i] for i in reports[0].differing] == ["t1476"]
+    assert "1 of 3000 parameter tensors differ" in reports[0].message()
+
+
+@pytest.mark.parametrize("position,delta,half", [(5, 2421, "lo"), (1, 3614, "hi")])
+def test_rule_6_a_change_seen_in_one_half_of_the_slot_hash_only_is_a_difference(position, delta, half):
+    """Changes whose 32-bit hash differs only in its low (or only in its high) 16 bits: each half decides."""
+    base = torch.arange(64, dtype=torch.float32) / 7
+    changed = base.clone()
+    changed.view(torch.int32)[position] += delta
+    before, after = (fingerprint.unsigned32(fingerprint.bit_hash(t, 0)) for t in (base, changed))
+    same = (before >> 16 == after >> 16) if half == "lo" else (before & 0xFFFF == after & 0xFFFF)
+    assert same and before != after, "the planted change no longer hits one half only"
+    reports, _ = on_ranks(2, lambda r: [("w", changed if r == 1 else base.clone())])
+    assert reports[0].outcome == "differ" and reports[0].differing == [0]
+
+
+def test_rule_6_nan_on_some_replicas_only_differs_with_no_finite_measure():
+    def build(rank):
+        w = torch.ones(4)
+        if rank == 1:
+            w[2] = float("nan")
+        return [("w", w)]
+
+    reports, _ = on_ranks(2, build)
+    assert reports[0].outcome == "differ" and reports[0].nonfinite == [0]
+    assert reports[0].spread[0] == float("inf")
+
+
+def test_rule_7_the_same_nan_everywhere_is_nonfinite_not_divergence():
+    reports, _ = on_ranks(2, lambda r: [("w", torch.tensor([1.0, float("nan")]))])
+    assert reports[0].outcome == "nonfinite" and not reports[0].diverged and reports[0].nonfinite == [0]
+
+
+def test_rule_8_identical():
+    reports, channels = on_ranks(2, lambda r: model())
+    assert reports[0].outcome == "identical" and not reports[0].diverged and channels[0].gathers == 0
+
+
+# --------------------------------------------------------------------------- history: started different, diverged between
+def test_a_difference_before_the_first_update_is_started_different_later_it_is_diverged_between():
+    streams = [compare.Stream("s"), compare.Stream("s")]
+    first, _ = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[0, 0])
+    assert first[0].started_different and "before the first optimizer step: the replicas started different" in \
+        first[0].message()
+    streams = [compare.Stream("s"), compare.Stream("s")]
+    same, _ = on_ranks(2, lambda r: model(), streams=streams, steps=[0, 0])
+    assert same[0].outcome == "identical" and streams[0].identical_at == 0
+    later, _ = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[1, 1])
+    assert not later[0].started_different and later[0].identical_at == 0
+    assert "between the start (identical before the first optimizer step) and step 1" in later[0].message()
+    again, _ = on_ranks(2, lambda r: model(), streams=streams, steps=[10, 10])
+    last, _ = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[20, 20])
+    assert "between step 10 (identical) and step 20" in last[0].message()
+
+
+def test_a_first_check_after_updates_claims_no_cause():
+    first, _ = on_ranks(2, lambda r: model(seed=r), steps=[1, 1])
+    assert first[0].first_check and not first[0].started_different
+    assert "at step 1, the first check (the replicas started different or diverged by then)" in first[0].message()
+
+
+def test_no_history_is_kept_for_objects_that_cannot_be_weakly_referenced():
+    stream = compare._stream_of([torch.ones(1)])
+    assert stream.checks == -1 and compare._stream_of({}) is not stream
+
+
+def test_a_check_not_every_rank_agreed_to_stands_down_and_enters_no_collective():
+    world = ThreadWorld(2)
+    channel = ThreadChannel(world, 0, agree=False)
+    with pytest.raises(comm.StoodDown) as info:
+        compare.run(model(), 1, compare.Stream("probe"), channel=channel)
+    assert "not every rank reached this check" in str(info.value) and world.values == [None, None]
+
+
+# --------------------------------------------------------------------------- replica groups
+def test_neuron_parameters_are_compared_within_their_data_parallel_group_only(monkeypatch):
+    state = types.ModuleType(groups.NEURON_STATE)
+    state.model_parallel_is_initialized = lambda: True
+    state.get_data_parallel_replica_groups = lambda: [[0, 2], [1, 3]]
+    monkeypatch.setitem(sys.modules, groups.NEURON_STATE, state)
+
+    def build(rank, changed=None):
+        shard = torch.full((2, 3), float(rank % 2))  # tensor-parallel shards: rank 0 and 1 differ by design
+        if rank == changed:
+            shard = shard + 1
+        return [("mlp.dense.weight", shard)]
+
+    reports, channels = on_ranks(4, build)
+    assert [r.outcome for r in reports] == ["identical"] * 4
+    assert [c.gathers for c in channels] == [0] * 4  # each tp shard in slots of its own: nothing to resolve
+    reports, _ = on_ranks(4, lambda r: build(r, changed=3))
+    assert reports[0].outcome == "differ" and reports[0].versions == [[1], [3]]
+
+
+def test_neuron_groups_that_are_not_symmetric(monkeypatch):
+    state = types.ModuleType(groups.NEURON_STATE)
+    state.model_parallel_is_initialized = lambda: True
+    state.get_data_parallel_replica_groups = lambda: [[0, 3], [1, 4], [2, 5]]
+    monkeypatch.setitem(sys.modules, groups.NEURON_STATE, state)
+    reports, _ = on_ranks(6, lambda r: [("w", torch.full((2,), float(r % 3)))])
+    assert [r.outcome for r in reports] == ["identical"] * 6
+
+
+def test_plain_tensors_are_compared_over_the_whole_world():
+    reports, _ = on_ranks(4, lambda r: [("mlp.dense.weight", torch.full((2, 3), float(r % 2)))])
+    assert reports[0].outcome == "differ" and reports[0].versions == [[0, 2], [1, 3]]
+
+
+def test_flat_shards_are_not_compared_and_said_so():
+    class FlatParameter(torch.nn.Parameter):
+        pass
+
+    def build(rank):
+        return [("w", torch.ones(3)), ("_flat_param", FlatParameter(torch.full((4,), float(rank))))]
+
+    reports, _ = on_ranks(2, build)
+    assert reports[0].outcome == "identical" and reports[0].not_compared == [("_flat_param", groups.FLAT_SHARD)]
+
+
+# --------------------------------------------------------------------------- who speaks
+def _differ():
+    return report.SyncReport(5, 4, "threads", ["w"], outcome="differ", differing=[0], spread=[1.0], divergence=[1.0])
+
+
+@pytest.mark.parametrize("rank,warned", [(0, 1), (1, 0), (3, 0)])
+def test_only_rank_0_warns_about_a_divergence(rank, warned):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        report.act(_differ(), "warn", rank=rank)
+    assert len([w for w in seen if issubclass(w.category, TPUClosureFixWarning)]) == warned
+
+
+@pytest.mark.parametrize("rank,warned", [(0, 1), (1, 0)])
+def test_only_rank_0_says_the_replicas_agree_on_nonfinite_values(rank, warned):
+    agreed = report.SyncReport(5, 4, "threads", ["w"], outcome="nonfinite", nonfinite=[0])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        report.act(agreed, "raise", rank=rank)  # never raised: the replicas agree
+    assert len([w for w in seen if issubclass(w.category, TPUClosureFixWarning)]) == warned
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_every_rank_raises(rank):
+    with pytest.raises(report.ReplicaDivergenceError):
+        report.act(_differ(), "raise", rank=rank)
+
+
+def test_rank_ranges_are_compact():
+    assert report.rank_ranges([5, 0, 1, 2, 7, 8, 63]) == "0-2, 5, 7-8, 63"
+    assert report.rank_ranges([3]) == "3"
+
+
+def test_checks_run_at_the_first_step_then_every_n():
+    assert [s for s in range(0, 31) if compare.due(s, 10)] == [0, 1, 10, 20, 30]
+    assert [s for s in range(1, 4) if compare.due(s, 1)] == [1, 2, 3]
+
+
+# --------------------------------------------------------------------------- one process: counting only
+def test_a_process_without_a_process_group_only_counts(monkeypatch):
+    from tpu_closure_fix.synccheck import hook
+
+    calls = []
+    monkeypatch.setattr(fingerprint, "local_vector", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(groups, "Layout", lambda *a, **k: calls.append(a))
+    net = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    hook.arm(1)
+    try:
+        assert hook.armed_every() == 1
+        for _ in range(3):
+            net(torch.ones(1, 3)).sum().backward()
+            optimizer.step()
+        stream, steps = hook._counts[id(optimizer)]
+        assert steps == [3] and stream.checks == 0 and calls == []
+    finally:
+        hook.disarm()
+    assert hook.armed_every() == 0
+
+
+def test_twin_with_a_channel_every_due_step_is_checked(monkeypatch):
+    from tpu_closure_fix.synccheck import hook
+
+    checked = []
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: types.SimpleNamespace(rank=0, size=2))
+    monkeypatch.setattr(compare, "run", lambda obj, step, stream, channel=None: checked.append(step) or
+                        report.SyncReport(step, 2, "fake", []))
+    net = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    hook.arm(2)
+    try:
+        for _ in range(5):
+            net(torch.ones(1, 3)).sum().backward()
+            optimizer.step()
+    finally:
+        hook.disarm()
+    assert checked == [0, 1, 2, 4]
+
+
+def test_the_check_runs_on_a_group_of_its_own_never_the_default_one(monkeypatch):
+    calls = []
+
+    class Dist(object):
+        class ReduceOp(object):
+            MAX = "max"
+
+        class distributed_c10d(object):
+            _get_default_group = staticmethod(lambda: "default")
+
+        def get_rank(self):
+            return 0
+
+        def get_world_size(self):
+            return 2
+
+        def new_group(self, backend=None, timeout=None):
+            calls.append(("new_group", backend))
+            return "own"
+
+        def all_reduce(self, tensor, op=None, group=None):
+            calls.append(("all_reduce", op, group))
+
+    monkeypatch.setattr(comm, "_groups", {})
+    channel = comm.DistributedChannel(Dist(), timeout=5)
+    channel.all_reduce_max(torch.zeros(3))
+    channel.all_reduce_max(torch.zeros(3))
+    assert calls == [("new_group", "gloo"), ("all_reduce", "max", "own"), ("all_reduce", "max", "own")]
+
+
+def test_counting_goes_on_after_a_step_that_raised(monkeypatch):
+    """An LBFGS closure that runs out of data: torch runs no post-hook for that step; the next optimizer
+    still counts and is checked."""
+    from tpu_closure_fix.synccheck import hook
+
+    checked = []
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: types.SimpleNamespace(rank=0, size=2))
+    monkeypatch.setattr(compare, "run", lambda obj, step, stream, channel=None: checked.append((stream.key, step)) or
+                        report.SyncReport(step, 2, "fake", []))
+    net = torch.nn.Linear(3, 2)
+    lbfgs = torch.optim.LBFGS(net.parameters(), max_iter=1)
+    sgd = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+
+    def out_of_data():
+        raise StopIteration("out of data")
+
+    hook.arm(1)
+    try:
+        with pytest.raises(StopIteration):
+            lbfgs.step(out_of_data)
+        for _ in range(2):
+            sgd.step()
+        keys = [hook._counts[id(o)][0].key for o in (lbfgs, sgd)]
+    finally:
+        hook.disarm()
+    assert checked == [(keys[0], 0), (keys[1], 0), (keys[1], 1), (keys[1], 2)]
+
+
+# --------------------------------------------------------------------------- the Lightning callback's schedule
+def _callback(monkeypatch, every=3):
+    """The callback's own logic, without Lightning (its subclass skips the Lightning base classes); each
+    check is recorded, answered "identical" except where ``verdicts`` says otherwise."""
+    from tpu_closure_fix.synccheck import callback
+
+    class Probe(callback.SyncCheck):
+        pass
+
+    checks = []
+
+    def fake_run(obj, step, stream, tolerance=None, channel=None):
+        checks.append((stream.key, step, stream.checks))
+        stream.checks += 1
+        return report.SyncReport(step, 2, "fake", ["w"], outcome="identical", first_check=stream.checks == 1)
+
+    monkeypatch.setattr(callback, "run", fake_run)
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: types.SimpleNamespace(rank=0, size=2, kind="fake"))
+    return Probe(every=every), checks
+
+
+class _Logger(object):
+    def __init__(self):
+        self.logged = []
+
+    def log_metrics(self, metrics, step=None):
+        self.logged.append((step, dict(metrics)))
+
+
+def _fit(cb, steps, logger=None):
+    trainer = types.SimpleNamespace(global_step=0, loggers=[logger] if logger else [])
+    cb.on_fit_start(trainer, None)
+    cb.on_train_start(trainer, None)
+    for step in range(1, steps + 1):
+        trainer.global_step = step
+        cb.on_train_batch_end(trainer, None)
+    cb.on_train_end(trainer, None)
+
+
+def test_the_callback_checks_at_the_start_after_step_1_every_n_and_at_the_end(monkeypatch):
+    cb, checks = _callback(monkeypatch, every=3)
+    logger = _Logger()
+    _fit(cb, 7, logger)
+    assert [step for _, step, _ in checks] == [0, 1, 3, 6, 7]
+    assert len(cb.reports) == 5 and cb.last_report.step == 7
+    assert logger.logged[0] == (0, {"sync_check/diverged": 0.0, "sync_check/differing_tensors": 0.0,
+                                    "sync_check/unverified": 0.0})
+
+
+def test_a_callback_reused_for_a_second_fit_starts_afresh(monkeypatch):
+    cb, checks = _callback(monkeypatch, every=3)
+    _fit(cb, 4)
+    _fit(cb, 4)
+    first, second = checks[:4], checks[4:]
+    assert [s for _, s, _ in first] == [s for _, s, _ in second] == [0, 1, 3, 4]
+    assert first[0][2] == 0 and second[0][2] == 0  # a fresh history: the second fit's first check is first
+    assert first[0][0] != second[0][0] and len(cb.reports) == 4
+
+
+def test_a_callback_whose_peer_is_gone_stands_down_once(monkeypatch):
+    from tpu_closure_fix.synccheck import callback
+
+    cb, checks = _callback(monkeypatch, every=1)
+
+    def gone(obj, step, stream, tolerance=None, channel=None):
+        checks.append(step)
+        raise comm.StoodDown("the check's all-reduce did not complete", broken=True)
+
+    monkeypatch.setattr(callback, "run", gone)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _fit(cb, 3)
+    assert checks == [0] and [r.outcome for r in cb.reports] == ["unverified"]
+    assert len([w for w in seen if "did not complete" in str(w.message)]) == 1

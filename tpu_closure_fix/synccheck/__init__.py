@@ -1,0 +1,26 @@
+"""SyncCheck: catch data-parallel replicas that silently train different models.
+
+The check's parts, one module each:
+
+* what is compared -- :mod:`.fingerprint`: per tensor a 32-bit hash of its raw bits, its non-finite count
+  and its value sums, folded into one fixed-length vector per replica;
+* over which replicas -- :mod:`.groups`: each tensor over the ranks that must hold it equal (the whole
+  world; a DTensor's Replicate mesh dimensions; neuronx-distributed's data-parallel groups; flat FSDP
+  shards are not compared);
+* how the replicas exchange it -- :mod:`.comm`: a gloo group of the check's own, entered only when every
+  rank agreed it reached the check, or ``xm.all_reduce`` on XLA without a process group;
+* one check and its verdict -- :mod:`.compare` (``compare_replicas``, ``check_sync``);
+* when the zero-code check runs -- :mod:`.hook` (``TPU_CLOSURE_FIX_SYNC_CHECK``);
+* what is said -- :mod:`.report` (the ``SyncReport``, one warning per check from rank 0) and
+  :mod:`.callback` (the Lightning callback, which also logs metrics).
+
+Importing this package imports neither torch nor Lightning; docs/synccheck.md has the guarantees and
+the measured cost.
+"""
+from .callback import SyncCheck
+from .compare import DEFAULT_EVERY, DEFAULT_TOLERANCE, ON_DIVERGENCE, check_sync, compare_replicas
+from .report import DIVERGED_OUTCOMES, NAMES_IN_MESSAGE, OUTCOMES, ReplicaDivergenceError, SyncReport
+
+__all__ = ["SyncCheck", "check_sync", "compare_replicas", "ReplicaDivergenceError", "SyncReport",
+           "DEFAULT_EVERY", "DEFAULT_TOLERANCE", "ON_DIVERGENCE", "OUTCOMES", "DIVERGED_OUTCOMES",
+           "NAMES_IN_MESSAGE"]

@@ -1,0 +1,318 @@
+"""One check: list the tensors, lay them out over their replica groups, fingerprint, agree, reduce once,
+decide, and -- only on a difference -- name the tensors and ranks exactly.
+
+A check's collectives: the MAX all-reduce of the fingerprint vector (always), and one all-gather of a
+few numbers per rank when the reduced vector shows a difference or ranks out of step (every rank reads
+the same reduced vector, so every rank decides alike whether to enter it). Before the first, the ranks
+agree that all of them reached this check (:mod:`.comm`).
+"""
+import weakref
+
+from . import comm, fingerprint, groups
+from .report import SyncReport, act
+
+DEFAULT_EVERY = 100
+DEFAULT_TOLERANCE = 1e-6
+ON_DIVERGENCE = ("warn", "raise")
+#: Tensors whose per-rank hashes one difference's all-gather carries at most (6 floats each per rank).
+MAX_NAMED = 16384
+#: Fields per tensor in that all-gather: lane, hash halves, non-finite count, value sum, sum of |values|.
+_GATHERED = 6
+
+
+class Stream(object):
+    """One sequence of checks and what it has seen: an optimizer's (the zero-code hook), a callback's, or a
+    model's given to ``check_sync`` / ``compare_replicas``. ``key`` names it to the other ranks."""
+
+    def __init__(self, key):
+        self.key = key
+        self.checks = 0
+        self.identical_at = None
+        self.stood_down = None
+
+    def reset(self):
+        self.checks, self.identical_at, self.stood_down = 0, None, None
+
+
+# --------------------------------------------------------------------------- listing
+class Unlisted(Exception):
+    """The argument's tensors could not be listed."""
+
+
+def listed(obj):
+    """``[(name, tensor)]`` of what to compare: a module's ``named_parameters()``, an optimizer's param
+    groups, a dict name -> tensor, one tensor, or an iterable of tensors / ``(name, tensor)`` pairs.
+    Raises :class:`Unlisted` with the reason when none of these applies or listing fails."""
+    import torch
+
+    try:
+        if hasattr(obj, "named_parameters"):
+            return list(obj.named_parameters())
+        if hasattr(obj, "param_groups"):
+            return [("param_groups[%d][%d]" % (g, i), p) for g, group in enumerate(obj.param_groups)
+                    for i, p in enumerate(group["params"])]
+        if isinstance(obj, torch.Tensor):
+            return [("tensor", obj)]
+        if isinstance(obj, dict):
+            items = list(obj.items())
+        else:
+            items = [item if isinstance(item, tuple) and len(item) == 2 else ("param%d" % i, item)
+                     for i, item in enumerate(obj)]
+    except Exception as exc:
+        raise Unlisted("listing the parameters of %s failed (%s: %s)" % (type(obj).__name__, type(exc).__name__, exc))
+    for name, tensor in items:
+        if not isinstance(tensor, torch.Tensor):
+            raise Unlisted("%s holds %r, not a tensor, under %r" % (type(obj).__name__, type(tensor).__name__, name))
+    return items
+
+
+# --------------------------------------------------------------------------- one check
+def run(obj, step, stream, barrier=None, tolerance=DEFAULT_TOLERANCE, channel=None):
+    """Compare ``obj``'s tensors across the replicas now; the SyncReport, or None on one device.
+
+    ``stream`` keeps the history the report is read against (first check, last identical step);
+    ``barrier`` names this check to the other ranks (default: the stream's key and check count). Raises
+    :class:`comm.StoodDown` when not every rank reached the check or its collective failed."""
+    import torch
+
+    channel = channel or comm.channel()
+    if channel is None:
+        return None
+    barrier = barrier or "%s/%d" % (stream.key, stream.checks)
+    error, layout = None, None
+    with torch.no_grad():
+        try:
+            layout = groups.Layout(listed(obj), channel.rank)
+            device = channel.device([t for _, _, t in layout.entries])
+            vector = fingerprint.local_vector(layout.entries, layout.structures, device, step=step,
+                                              lanes=layout.lanes)
+        except Exception as exc:  # this replica still joins the check, flagged "could not fingerprint"
+            error, vector = exc, fingerprint.failed_vector(step=step)
+        if not channel.agree(barrier):
+            raise comm.StoodDown("not every rank reached this check (%s) within %ss: an optimizer stepped on "
+                                 "some ranks only, ranks out of step, or a rank gone"
+                                 % (barrier, getattr(channel, "timeout", "?")))
+        reduced = channel.all_reduce_max(vector)
+        channel.forget(_previous.pop(stream.key, None))
+        _previous[stream.key] = barrier
+        report = decide(fingerprint.decode(reduced), layout, error, channel, step, tolerance)
+    if stream.checks >= 0:
+        report.first_check = stream.checks == 0
+        report.identical_at = stream.identical_at
+        stream.checks += 1
+        if report.outcome == "identical":
+            stream.identical_at = step
+    return report
+
+
+_previous = {}  # stream key -> the barrier of its last check (its store keys are deleted at the next)
+
+
+def decide(decoded, layout, error, channel, step, tolerance):
+    """The verdict of a MAX-reduced vector, read top to bottom; every rank reads the same vector, so every
+    rank reaches the same verdict and enters the same further collective, if any."""
+    names = layout.names if layout is not None else []
+    not_compared = layout.not_compared if layout is not None else []
+
+    def report(outcome, **fields):
+        return SyncReport(step, channel.size, channel.kind, names, tolerance=tolerance, outcome=outcome,
+                          not_compared=not_compared, **fields)
+
+    high, low = decoded["format"]
+    # 1. Another format of the vector: nothing else in it can be read.
+    if high != low:
+        return report("unverified", reason="the replicas run different SyncCheck formats")
+    # 2. A replica could not list or fingerprint its tensors.
+    if decoded["failed"][0] > 0:
+        reason = ("%s: %s" % (type(error).__name__, error) if isinstance(error, Exception) and not
+                  isinstance(error, Unlisted) else str(error) if error is not None
+                  else "another replica could not list or fingerprint its parameters")
+        return report("unverified", reason=reason)
+    # 3. Ranks at different steps: name them, compare nothing.
+    if decoded["step"][0] != decoded["step"][1]:
+        return report("out_of_step", reason=_out_of_step(channel, step))
+    # 4. Nothing to compare on some replica: never "identical" without having looked.
+    if decoded["count"][1] == 0:
+        return report("unverified", reason="no parameter tensors to compare on %s replica"
+                      % ("every" if decoded["count"][0] == 0 else "some"))
+    # 5. Different models: tensor count, lanes, shapes or dtypes.
+    structure = _structure_mismatch(decoded, layout)
+    if structure is not None:
+        return report("structure", structure=structure)
+    # 6. Bits differ somewhere: name the tensors and the ranks exactly (one all-gather).
+    bad = fingerprint.slots_differing(decoded, "bits_hi", "bits_lo", "nonfinite").nonzero().flatten().tolist()
+    if bad:
+        differing, versions, spread, divergence, nonfinite = _named_exactly(channel, layout, bad)
+        if differing:
+            return report("differ", differing=differing, versions=versions, spread=spread, divergence=divergence,
+                          nonfinite=nonfinite)
+    # 7. Non-finite values, bitwise the same everywhere: the replicas agree.
+    compared = decoded["compared"]
+    nonfinite_slots = set(((decoded["nonfinite"][0] > 0) & compared).nonzero().flatten().tolist())
+    if nonfinite_slots:
+        nonfinite = sorted(k for s in nonfinite_slots for k in layout.positions_in(s))
+        return report("nonfinite", nonfinite=nonfinite)
+    # 8. Every compared tensor bitwise equal over its replica group.
+    return report("identical")
+
+
+def _out_of_step(channel, step):
+    """Which rank is at which step (one all-gather of two numbers per rank)."""
+    import torch
+
+    here = torch.tensor(fingerprint._halves(0 if step is None else int(step)), dtype=torch.float32)
+    rows = channel.all_gather(here)
+    by_step = {}
+    for rank, row in enumerate(rows):
+        by_step.setdefault(int(row[0]) << 16 | int(row[1]), []).append(rank)
+    from .report import rank_ranges
+
+    return "; ".join("rank%s %s at step %d" % ("s" if len(r) > 1 else "", rank_ranges(r), s)
+                     for s, r in sorted(by_step.items(), key=lambda item: item[1][0]))
+
+
+def _structure_mismatch(decoded, layout):
+    """A sentence naming how the replicas' models differ, or None when they agree."""
+    parts = []
+    high, low = decoded["count"]
+    here = len(layout.names) if layout is not None else 0
+    if high != low:
+        parts.append("the number of parameter tensors differs (%d on some replicas, %d on others; %d here)"
+                     % (low, high, here))
+    if decoded["lanes"][0] != decoded["lanes"][1]:
+        parts.append("the replica groups differ (%d lanes on some replicas, %d on others)"
+                     % (decoded["lanes"][1], decoded["lanes"][0]))
+    shape = fingerprint.slots_differing(decoded, "shape_hi", "shape_lo")
+    dtype = fingerprint.slots_differing(decoded, "dtype_hi", "dtype_lo")
+    bad = (shape | dtype).nonzero().flatten().tolist()
+    if bad and layout is not None and not parts:
+        s = bad[0]
+        what = " and ".join(w for w, mask in (("shape", shape), ("dtype", dtype)) if bool(mask[s]))
+        mine = [k for k, slot, t in layout.entries if slot == s]
+        if mine:
+            k = mine[0]
+            held = dict((p, t) for p, _, t in layout.entries)
+            here_shape, here_dtype = fingerprint.describe(held[k])
+            parts.append("parameter tensor #%d %r has another %s on some replica (here: shape %s, %s)"
+                         % (k, layout.names[k], what, here_shape, here_dtype))
+        else:
+            parts.append("a parameter tensor differs in %s between replicas" % what)
+    if not parts and decoded["digest"][0] != decoded["digest"][1]:
+        parts.append("the order of shapes/dtypes of the parameter tensors differs")
+    return "; ".join(parts) or None
+
+
+def _named_exactly(channel, layout, bad_slots):
+    """(differing, versions, spread, divergence, nonfinite) from one all-gather of every rank's per-tensor
+    hash and sums of the tensors in the differing slots: exact whatever the number of tensors."""
+    import torch
+
+    pairs = [(s, k) for s in bad_slots for k in layout.positions_in(s)][:MAX_NAMED]
+    held = dict((k, (slot, t)) for k, slot, t in layout.entries)
+    row = []
+    for s, k in pairs:
+        slot, tensor = held.get(k, (None, None))
+        if slot != s:
+            row += [-1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+            continue
+        hi, lo = fingerprint._halves(int(fingerprint.bit_hash(tensor, k)))
+        nonfinite, total, scale = (float(v) for v in fingerprint.value_sums(tensor))
+        row += [float(layout.lane_of[k]), hi, lo, nonfinite, total, scale]
+    rows = [r.tolist() for r in channel.all_gather(torch.tensor(row, dtype=torch.float32))]
+    n = len(layout.names)
+    spread, divergence = [0.0] * n, [0.0] * n
+    differing, nonfinite, versions = [], [], []
+    for j, (s, k) in enumerate(pairs):
+        lanes = {}
+        for rank, values in enumerate(rows):
+            lane, hi, lo, bad, total, scale = values[j * _GATHERED:(j + 1) * _GATHERED]
+            if lane >= 0:
+                lanes.setdefault(lane, {}).setdefault((hi, lo, bad), []).append((rank, total, scale))
+        for held_versions in lanes.values():
+            if len(held_versions) < 2:
+                continue
+            if k not in differing:
+                differing.append(k)
+            sums = [total for group in held_versions.values() for _, total, _ in group]
+            scale = max(sc for group in held_versions.values() for _, _, sc in group)
+            spread[k] = max(spread[k], max(sums) - min(sums))
+            divergence[k] = spread[k] / scale if scale > 0 else (0.0 if spread[k] == 0 else float("inf"))
+            if len(set(bad > 0 for (_, _, bad) in held_versions)) > 1:
+                spread[k] = divergence[k] = float("inf")
+                nonfinite.append(k)
+            if not versions:
+                versions = sorted(([r for r, _, _ in group] for group in held_versions.values()),
+                                  key=lambda ranks: (-len(ranks), ranks[0]))
+    return sorted(differing), versions, spread, divergence, sorted(set(nonfinite))
+
+
+# --------------------------------------------------------------------------- the functions of the API
+_streams = {}
+
+
+def _stream_of(obj):
+    """The history of checks of one object, kept while the object lives; an object that cannot be weakly
+    referenced (a list, a dict) gets none: its reports claim no first check and no earlier identical step."""
+    key = id(obj)
+    stream = _streams.get(key)
+    if stream is None:
+        stream = Stream("api")
+        try:
+            weakref.finalize(obj, _streams.pop, key, None).atexit = False
+        except TypeError:
+            stream.checks = -1  # never "first", never counted: nothing to remember it by
+            return stream
+        _streams[key] = stream
+    return stream
+
+
+_api_checks = [0]
+
+
+def compare_replicas(model, step=None, tolerance=DEFAULT_TOLERANCE):
+    """Run one comparison now (collective: every replica must call it, with or without parameters).
+
+    Returns a :class:`SyncReport`, or None on a single device (nothing to compare). A comparison that
+    cannot complete (not every rank called, a peer gone) returns an ``unverified`` report."""
+    channel = comm.channel()
+    if channel is None:
+        return None
+    _api_checks[0] += 1
+    try:
+        return run(model, step, _stream_of(model), "api/%d" % _api_checks[0], tolerance, channel)
+    except comm.StoodDown as exc:
+        return SyncReport(step, channel.size, channel.kind, [], tolerance=tolerance, outcome="unverified",
+                          reason=str(exc))
+
+
+def check_options(every, tolerance, on_divergence):
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ValueError("every must be a positive int (optimizer steps); got %r" % (every,))
+    if not tolerance >= 0:
+        raise ValueError("tolerance must be >= 0; got %r" % (tolerance,))
+    if on_divergence not in ON_DIVERGENCE and not callable(on_divergence):
+        raise ValueError("on_divergence must be 'warn', 'raise' or a callable(report); got %r" % (on_divergence,))
+
+
+def due(step, every):
+    """Whether a check runs at optimizer step ``step``: 0 (before any update, when the caller asks), the first
+    step, then every ``every``."""
+    return step == 1 or step % every == 0  # step 0 is a multiple of every
+
+
+def check_sync(model, step, every=DEFAULT_EVERY, tolerance=DEFAULT_TOLERANCE, on_divergence="warn"):
+    """For Lite / Fabric / plain loops: call after each optimizer step with the 1-based step count (and, to
+    tell "started different" from "diverged", once with step 0 before the first optimizer step).
+
+    Checks at steps 0 and 1 and then whenever ``step % every == 0`` (one collective, so every replica must make the
+    same calls); on divergence rank 0 warns (TPUClosureFixWarning), or every rank raises
+    ReplicaDivergenceError with ``on_divergence="raise"``, or ``on_divergence(report)`` is called.
+    Returns the SyncReport of a check, or None when no check ran (other steps, single device).
+    """
+    check_options(every, tolerance, on_divergence)
+    if not due(step, every):
+        return None
+    report = compare_replicas(model, step, tolerance)
+    channel = comm.channel()
+    act(report, on_divergence, rank=channel.rank if channel else 0)
+    return report

@@ -1,0 +1,167 @@
+"""Over which replicas each tensor must be equal: the check's layout of lanes and slots.
+
+Data parallelism keeps a parameter bitwise equal on every replica of its data-parallel group, and only
+there: a tensor-parallel shard differs from the shard next to it by design. Each tensor therefore gets a
+*pattern* (which ranks form its replica groups) and, on this rank, a *coordinate* (which of those groups
+this rank is in). Every (pattern, coordinate) pair is a *lane*; the lanes split the fingerprint's slots
+(:mod:`.fingerprint`), and a rank writes only the slots of its own lanes, so the MAX all-reduce compares
+each tensor over exactly the ranks that must hold it equal, in one collective over the whole world.
+
+The rules, the same in the zero-code hook, the Lightning callback, ``check_sync`` and
+``compare_replicas``:
+
+1. ``DTensor``: over the mesh dimensions where its placement is ``Replicate``; a ``Shard`` or
+   ``Partial`` dimension is never crossed (its local tensor is compared). A rank outside the tensor's
+   mesh holds nothing of it. FSDP2 and HSDP parameters are DTensors and follow this rule.
+2. neuronx-distributed / optimum-neuron, when its parallel state is initialised: every parameter over
+   its data-parallel replica group (``get_data_parallel_replica_groups``), never across tensor- or
+   pipeline-parallel ranks.
+3. FSDP1 ``FlatParameter`` and torch_xla FSDP shards (``_is_sharded``): flat shards of this rank, with
+   no replica group to compare over: listed as not compared, with the reason.
+4. Anything else: over the whole world.
+
+The layout is computed from the tensors and the environment alone, so ranks holding the same model
+compute the same lanes and slots; a rank with another model shows up as a structure difference.
+"""
+import sys
+
+from . import fingerprint
+
+#: The parallel state of neuronx-distributed (optimum-neuron uses the same).
+NEURON_STATE = "neuronx_distributed.parallel_layers.parallel_state"
+
+FLAT_SHARD = ("a flat shard of this rank (FSDP FlatParameter / torch_xla FSDP): it differs per rank by design "
+              "and has no replica group to compare over")
+
+
+class Placement(object):
+    """Where one tensor is compared: ``pattern`` (hashable, the same on every rank), ``coordinates`` (how
+    many replica groups the pattern has), ``coordinate`` (this rank's group, None: holds nothing of it),
+    ``local`` (the tensor compared here) and ``description`` (what the structure digest covers)."""
+
+    __slots__ = ("pattern", "coordinates", "coordinate", "local", "description")
+
+    def __init__(self, pattern, coordinates, coordinate, local, description):
+        self.pattern = pattern
+        self.coordinates = coordinates
+        self.coordinate = coordinate
+        self.local = local
+        self.description = description
+
+
+def _is_dtensor(tensor):
+    return any(cls.__name__ == "DTensor" for cls in type(tensor).__mro__)
+
+
+def _is_flat_shard(tensor):
+    if getattr(tensor, "_is_sharded", False):
+        return True
+    return any(cls.__name__ == "FlatParameter" for cls in type(tensor).__mro__)
+
+
+def _dtensor_placement(tensor):
+    """Rule 1: replica groups along the Replicate dimensions of the tensor's mesh."""
+    mesh = tensor.device_mesh
+    sizes = tuple(int(n) for n in mesh.mesh.shape)
+    split = tuple(d for d, p in enumerate(tensor.placements) if type(p).__name__ != "Replicate")
+    ranks = tuple(int(r) for r in mesh.mesh.reshape(-1).tolist())
+    coordinates = 1
+    for d in split:
+        coordinates *= sizes[d]
+    where = mesh.get_coordinate()
+    coordinate = None
+    if where is not None:
+        coordinate = 0
+        for d in split:
+            coordinate = coordinate * sizes[d] + int(where[d])
+    placements = tuple(str(p) for p in tensor.placements)
+    description = (tuple(int(n) for n in tensor.shape), str(tensor.dtype).replace("torch.", ""), placements)
+    local = tensor.to_local() if coordinate is not None else None
+    return Placement(("dtensor", sizes, ranks, split), coordinates, coordinate, local, description)
+
+
+def _neuron_groups():
+    """The data-parallel replica groups of neuronx-distributed's parallel state, or None when it is not
+    imported or not initialised (decided from the imported module alone: nothing is imported here)."""
+    state = sys.modules.get(NEURON_STATE)
+    if state is None:
+        return None
+    try:
+        if not state.model_parallel_is_initialized():
+            return None
+        groups = [tuple(int(r) for r in g) for g in state.get_data_parallel_replica_groups()]
+    except Exception:
+        return None
+    return tuple(groups) if len(groups) > 1 else None
+
+
+def placement(tensor, rank, neuron_groups=None):
+    """The :class:`Placement` of one tensor on ``rank``, or a string: why it is not compared."""
+    if _is_dtensor(tensor):
+        return _dtensor_placement(tensor)
+    if _is_flat_shard(tensor):
+        return FLAT_SHARD
+    if neuron_groups:
+        coordinate = next((i for i, g in enumerate(neuron_groups) if rank in g), None)
+        description = ("data-parallel over %d groups" % len(neuron_groups), str(tensor.dtype).replace("torch.", ""),
+                       tensor.dim())
+        return Placement(("neuron-dp", neuron_groups), len(neuron_groups), coordinate, tensor, description)
+    return Placement(("world",), 1, 0, tensor, fingerprint.describe(tensor))
+
+
+class Layout(object):
+    """The check's layout for a list of named tensors on this rank.
+
+    ``names``/``structures``: every tensor's name and description, in order (the same on every rank with
+    the same model); ``spans[k]``: the first lane of tensor ``k``'s pattern and how many lanes it has;
+    ``entries``: ``(position, slot, local tensor)`` of the tensors this rank holds; ``not_compared``:
+    ``(name, reason)``. Lane ``l`` owns slots ``[l * width, (l + 1) * width)``; tensor ``k`` in lane ``l``
+    goes to slot ``l * width + k % width``.
+    """
+
+    def __init__(self, named, rank, slots=fingerprint.SLOTS):
+        self.slots = slots
+        neuron = _neuron_groups()
+        found = []
+        self.not_compared = []
+        for name, tensor in named:
+            where = placement(tensor, rank, neuron)
+            if isinstance(where, str):
+                self.not_compared.append((name, where))
+            else:
+                found.append((name, where))
+        patterns = {}
+        for _, where in found:
+            patterns.setdefault(where.pattern, where.coordinates)
+        offsets, lanes = {}, 0
+        for pattern in sorted(patterns, key=repr):  # the same order on every rank
+            offsets[pattern] = lanes
+            lanes += patterns[pattern]
+        self.lanes = max(1, lanes)
+        if self.lanes > slots:
+            raise ValueError("%d replica groups need more than the %d slots of the fingerprint" % (self.lanes, slots))
+        self.width = slots // self.lanes
+        self.names = [name for name, _ in found]
+        self.structures = tuple(where.description for _, where in found)
+        self.spans = [(offsets[where.pattern], where.coordinates) for _, where in found]
+        self.entries = []
+        self.lane_of = {}
+        for k, (_, where) in enumerate(found):
+            if where.coordinate is None:
+                continue
+            lane = offsets[where.pattern] + where.coordinate
+            self.lane_of[k] = lane
+            self.entries.append((k, self.slot(k, lane), where.local))
+
+    def slot(self, position, lane):
+        return lane * self.width + position % self.width
+
+    def positions_in(self, slot):
+        """The tensors that some rank writes to ``slot`` (the same list on every rank)."""
+        lane, column = divmod(slot, self.width)
+        return [k for k, (first, count) in enumerate(self.spans)
+                if first <= lane < first + count and k % self.width == column]
+
+    @property
+    def plain(self):
+        return self.lanes == 1

@@ -1,0 +1,224 @@
+"""What a check says: the :class:`SyncReport`, its one message, and who writes it.
+
+One report per check for the whole job: every rank reaches the same verdict (it is read from the same
+reduced vector), rank 0 writes it as a warning, every other rank logs it at debug level only; with
+``on_divergence="raise"`` every rank raises at the same check. A check that stands down (a peer gone, a
+timeout, a failed fingerprint) is warned about once per reason by each rank that stood down: it cannot
+know whether rank 0 can still speak.
+"""
+import logging
+import warnings
+
+from ..config import TPUClosureFixWarning
+
+logger = logging.getLogger("tpu_closure_fix.synccheck")
+
+#: The outcomes of a comparison. ``diverged`` is true for "differ" and "structure" only.
+OUTCOMES = ("identical", "differ", "structure", "nonfinite", "out_of_step", "unverified")
+DIVERGED_OUTCOMES = ("differ", "structure")
+#: How many tensor names a message lists before "and N more".
+NAMES_IN_MESSAGE = 5
+
+
+class ReplicaDivergenceError(RuntimeError):
+    """Raised by SyncCheck / check_sync / the zero-code check with ``on_divergence="raise"``."""
+
+    def __init__(self, message, report=None):
+        super().__init__(message)
+        self.report = report
+
+
+def rank_ranges(ranks):
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``."""
+    ranks = sorted(set(int(r) for r in ranks))
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(str(start) if start == r else "%d-%d" % (start, r))
+            start = None
+    return ", ".join(parts)
+
+
+def _at(step):
+    return "this check" if step is None else "step %s" % (step,)
+
+
+class SyncReport(object):
+    """The outcome of one cross-replica comparison.
+
+    ``outcome`` is one of :data:`OUTCOMES`. ``names``: the compared tensors in order; ``differing``:
+    indices into ``names`` of the tensors whose bits differ between replicas that must hold them equal
+    (exact, however many tensors); ``versions``: for a difference, the ranks grouped by the version they
+    hold of the first differing tensor (largest group first); ``first_check``: this was the first check of its
+    stream (step 0: before any optimizer update); ``identical_at``: the last step at which the same stream
+    compared identical (None: never, or no history kept for the object);
+    ``spread[i]``/``divergence[i]``: tensor ``names[i]``'s value-sum spread over the replicas and that
+    relative to its sum of absolute values (known for the differing tensors; 0 elsewhere);
+    ``not_compared``: ``[(name, reason)]``; ``reason``: why no verdict (unverified, out of step).
+    ``tolerance`` is recorded and decides nothing: any bitwise difference is one.
+    """
+
+    def __init__(self, step, world_size, backend, names, spread=None, divergence=None, tolerance=0.0,
+                 outcome="identical", differing=(), nonfinite=(), structure=None, reason=None, versions=(),
+                 first_check=False, identical_at=None, not_compared=()):
+        if outcome not in OUTCOMES:
+            raise ValueError("outcome must be one of %s; got %r" % (", ".join(OUTCOMES), outcome))
+        self.step = step
+        self.world_size = world_size
+        self.backend = backend
+        self.names = list(names)
+        self.spread = list(spread) if spread is not None else [0.0] * len(self.names)
+        self.divergence = list(divergence) if divergence is not None else [0.0] * len(self.names)
+        self.tolerance = tolerance
+        self.outcome = outcome
+        self.differing = list(differing)
+        self.nonfinite = list(nonfinite)
+        self.structure = structure
+        self.reason = reason
+        self.versions = [list(v) for v in versions]
+        self.first_check = first_check
+        self.identical_at = identical_at
+        self.not_compared = list(not_compared)
+
+    @property
+    def diverged(self):
+        return self.outcome in DIVERGED_OUTCOMES
+
+    @property
+    def diverged_count(self):
+        return len(self.differing)
+
+    @property
+    def started_different(self):
+        """The replicas differed before any optimizer update (a first check at step 0): they started
+        different -- initialisation, seeding, loading -- rather than diverging through training."""
+        return self.diverged and self.first_check and self.step == 0
+
+    @property
+    def worst_index(self):
+        if not self.differing:
+            return None
+        return max(self.differing, key=lambda i: (self.divergence[i], -i))
+
+    @property
+    def worst_parameter(self):
+        i = self.worst_index
+        return None if i is None else self.names[i]
+
+    @property
+    def max_divergence(self):
+        return max([self.divergence[i] for i in self.differing] or [0.0])
+
+    def _listed(self, indices):
+        shown = ", ".join(repr(self.names[i]) for i in indices[:NAMES_IN_MESSAGE])
+        more = len(indices) - NAMES_IN_MESSAGE
+        return shown + (" and %d more" % more if more > 0 else "")
+
+    def _when(self):
+        if self.first_check and self.step == 0:
+            return ("before the first optimizer step: the replicas started different (initialisation, seeding "
+                    "or loading differs between them)")
+        if self.first_check:
+            return ("at %s, the first check (the replicas started different or diverged by then)" % _at(self.step))
+        if self.identical_at == 0:
+            return "between the start (identical before the first optimizer step) and step %s" % (self.step,)
+        if self.identical_at is not None:
+            return "between step %s (identical) and step %s" % (self.identical_at, self.step)
+        return "at %s" % _at(self.step)
+
+    def _versions(self):
+        if len(self.versions) < 2:
+            return ""
+        parts = ["%s %s %s" % ("ranks" if len(v) > 1 else "rank", rank_ranges(v), ("hold" if len(v) > 1 else "holds")
+                                + (" one version" if i == 0 else " another"))
+                 for i, v in enumerate(self.versions)]
+        return " (%s)" % "; ".join(parts)
+
+    def message(self):
+        if self.outcome == "out_of_step":
+            return ("SyncCheck: the replicas reached this check at different steps (%s); the check stands down "
+                    "rather than compare different steps." % (self.reason,))
+        if self.outcome == "unverified":
+            return "SyncCheck could not compare the replicas at %s: %s." % (_at(self.step), self.reason)
+        if self.outcome == "structure":
+            return ("SyncCheck: data-parallel replicas hold different models %s (%d replicas): %s. Every replica "
+                    "must build the same model: the same parameter tensors, shapes and dtypes in the same order."
+                    % (self._when(), self.world_size, self.structure))
+        if self.outcome == "nonfinite":
+            return ("SyncCheck: parameters hold non-finite values (NaN/inf) at %s, bitwise the same on "
+                    "all %d replicas: the replicas agree (not a divergence), the training itself produced "
+                    "them: %s." % (_at(self.step), self.world_size, self._listed(self.nonfinite)))
+        if self.outcome == "identical":
+            return ("SyncCheck: all %d parameter tensors bitwise identical on all %d replicas at %s."
+                    % (len(self.names), self.world_size, _at(self.step)))
+        i = self.worst_index
+        how = ("value-sum spread %.3g, relative divergence %.3g" % (self.spread[i], self.divergence[i])
+               if self.spread[i] else "equal value sums: a sum-preserving difference, e.g. compensating "
+               "changes, permuted rows or a change below the sum's rounding")
+        extra = ""
+        if self.nonfinite:
+            extra = "; non-finite values on some replicas only, in %s" % self._listed(self.nonfinite)
+        return ("SyncCheck: data-parallel replicas hold different parameters %s: %d of %d parameter tensors "
+                "differ bitwise across %d replicas%s: %s; worst %r: %s%s. The replicas did not apply the same "
+                "update (missing or misplaced gradient reduction?). Through Lightning, Lite/Fabric or "
+                "accelerate on torch_xla, check that tpu-closure-fix is enabled (tpu-closure-fix status, "
+                "TPU_CLOSURE_FIX)."
+                % (self._when(), self.diverged_count, len(self.names), self.world_size, self._versions(),
+                   self._listed(self.differing), self.names[i], how, extra))
+
+    def metrics(self):
+        """Numbers for a training logger (the Lightning callback logs them)."""
+        return {"sync_check/diverged": float(self.diverged), "sync_check/differing_tensors":
+                float(self.diverged_count), "sync_check/unverified": float(self.outcome in ("unverified",
+                                                                                          "out_of_step"))}
+
+    def as_dict(self):
+        return {"step": self.step, "world_size": self.world_size, "backend": self.backend,
+                "outcome": self.outcome, "diverged": self.diverged, "diverged_count": self.diverged_count,
+                "differing": [self.names[i] for i in self.differing],
+                "nonfinite": [self.names[i] for i in self.nonfinite], "structure": self.structure,
+                "reason": self.reason, "worst_parameter": self.worst_parameter,
+                "max_divergence": self.max_divergence, "tolerance": self.tolerance,
+                "versions": self.versions,
+                "first_check": self.first_check, "started_different": self.started_different,
+                "identical_at": self.identical_at,
+                "not_compared": [list(p) for p in self.not_compared]}
+
+    def __repr__(self):
+        return "SyncReport(%r)" % (self.as_dict(),)
+
+
+_warned_once = set()
+
+
+def _say(message, speaker, stacklevel):
+    if speaker:
+        warnings.warn(message, TPUClosureFixWarning, stacklevel=stacklevel + 1)
+    else:
+        logger.debug("%s", message)
+
+
+def act(report, on_divergence, rank=0, stacklevel=3):
+    """What a check does with its report: on divergence rank 0 warns (the others log at debug level), every
+    rank raises with ``"raise"``, or ``on_divergence(report)`` is called on every rank; identical non-finite
+    parameters are said the same way (never raised: the replicas agree); an unverified or out-of-step
+    check is warned about once per reason, by every rank (each one stands down on its own)."""
+    if report is None or report.outcome == "identical":
+        return
+    if report.outcome in ("unverified", "out_of_step"):
+        key = (report.outcome, report.reason)
+        if key not in _warned_once:
+            _warned_once.add(key)
+            warnings.warn(report.message(), TPUClosureFixWarning, stacklevel=stacklevel)
+        return
+    if report.outcome == "nonfinite":
+        _say(report.message(), rank == 0, stacklevel)
+        return
+    if on_divergence == "raise":
+        raise ReplicaDivergenceError(report.message(), report)
+    if callable(on_divergence):
+        on_divergence(report)
+        return
+    _say(report.message(), rank == 0, stacklevel)
