@@ -12,7 +12,12 @@ grows with the world).
 On this project's 2-core machine, worlds above 2 oversubscribe the cores, so the figures there include
 waiting for a core: an upper bound of what the exchange costs, used in docs/synccheck.md to bound a pod.
 
+With ``--single-process`` it measures instead what the zero-code hook costs a process that has no process
+group (a one-device run with ``TPU_CLOSURE_FIX_SYNC_CHECK=1``: it only counts): paired blocks of steps of the
+demo's model with the hook armed and disarmed, alternating, median per step of the difference.
+
     python benchmarks/synccheck_scaling.py                 # the figures in docs/synccheck.md
+    python benchmarks/synccheck_scaling.py --single-process
     python benchmarks/synccheck_scaling.py --smoke         # a few seconds: the script works
 """
 import argparse
@@ -92,6 +97,39 @@ def measure(world, model, reps):
     return json.loads(out[0].strip().splitlines()[-1])
 
 
+def single_process(blocks, steps):
+    """Per-step cost of the armed hook (every=1) in a process without a process group: (armed, off) medians."""
+    import torch
+
+    sys.path.insert(0, REPO)
+    from tpu_closure_fix.synccheck import hook
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = build_model(MODELS["demo"])
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+
+    def block():
+        start = time.perf_counter()
+        for _ in range(steps):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+            optimizer.step()
+        return (time.perf_counter() - start) / steps
+
+    block()
+    armed, off = [], []
+    for i in range(blocks):
+        for arm in ((True, False) if i % 2 == 0 else (False, True)):  # ABBA
+            if arm:
+                hook.arm(1)
+            (armed if arm else off).append(block())
+            hook.disarm()
+    assert hook.seen["checks"] == 0  # it only counted
+    return statistics.median(armed), statistics.median(off), [a - o for a, o in zip(armed, off)]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", nargs=5, help=argparse.SUPPRESS)
@@ -99,10 +137,20 @@ def main():
     parser.add_argument("--model", default="demo", choices=sorted(MODELS))
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--single-process", action="store_true")
     args = parser.parse_args()
     if args.worker:
         rank, world, port, model, reps = args.worker
         return worker(int(rank), int(world), int(port), model, int(reps))
+    if args.single_process or args.smoke:
+        blocks, steps = (2, 20) if args.smoke else (20, 500)
+        armed, off, diffs = single_process(blocks, steps)
+        print("one process, no process group, TPU_CLOSURE_FIX_SYNC_CHECK=1 (demo model, %d x %d steps, ABBA):" %
+              (blocks, steps))
+        print("  step %.1f us armed, %.1f us off; paired difference median %+.2f us per step"
+              % (armed * 1e6, off * 1e6, statistics.median(diffs) * 1e6))
+        if args.single_process:
+            return
     worlds = [2] if args.smoke else [int(w) for w in args.worlds.split(",")]
     reps = 3 if args.smoke else args.reps
     print("one SyncCheck comparison (%s model), median of %d, gloo on %d cores" % (args.model, reps, os.cpu_count()))

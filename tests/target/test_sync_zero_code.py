@@ -96,7 +96,9 @@ def test_raise_stops_every_replica_at_step_1(tmp_path):
     for rank, result in run(APIS[0], False, tmp_path, action="raise").items():
         assert (result["error"] or "").startswith("ReplicaDivergenceError: SyncCheck"), result
         assert "step 1" in result["error"]
-        assert result["steps"] == 1, result
+        # raised in torch's post-hooks after step 1's update: the harness's step counter, a post-hook
+        # registered after the check's, never sees that step
+        assert result["steps"] == 0 and result["zero_code"]["checks"] == 2, result
 
 
 @defined_where("xla" in APIS)

@@ -228,6 +228,9 @@ def test_a_difference_before_the_first_update_is_started_different_later_it_is_d
     later, _ = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[1, 1])
     assert not later[0].started_different and later[0].identical_at == 0
     assert "between the start (identical before the first optimizer step) and step 1" in later[0].message()
+    still, _ = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[5, 5])
+    assert "at step 5, different since step 1; identical before the first optimizer step" in still[0].message()
+    assert still[0].different_since == 1 and still[0].identical_at == 0
     again, _ = on_ranks(2, lambda r: model(), streams=streams, steps=[10, 10])
     last, _ = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[20, 20])
     assert "between step 10 (identical) and step 20" in last[0].message()
@@ -508,3 +511,53 @@ def test_a_callback_whose_peer_is_gone_stands_down_once(monkeypatch):
         _fit(cb, 3)
     assert checks == [0] and [r.outcome for r in cb.reports] == ["unverified"]
     assert len([w for w in seen if "did not complete" in str(w.message)]) == 1
+
+
+# --------------------------------------------------------------------------- the agreement (a real TCPStore)
+def _store_channels(size, timeout):
+    from datetime import timedelta
+
+    from support import ports
+
+    port = ports.free_port()
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=30))
+
+    def channel(rank):  # a client of its own per rank, as each process of a job has
+        own = torch.distributed.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+        dist = types.SimpleNamespace(get_rank=lambda: rank, get_world_size=lambda: size,
+                                     distributed_c10d=types.SimpleNamespace(_get_default_store=lambda: own))
+        return comm.DistributedChannel(dist, timeout=timeout)
+
+    return store, [channel(r) for r in range(size)]
+
+
+def _agree_on_threads(channels, key, ranks):
+    out = {}
+    threads = [threading.Thread(target=lambda r=r: out.__setitem__(r, channels[r].agree(key))) for r in ranks]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    return out
+
+
+def test_every_rank_at_the_check_agrees_to_go_at_once():
+    import time
+
+    _, channels = _store_channels(3, timeout=60)
+    start = time.monotonic()
+    assert _agree_on_threads(channels, "s/0", [0, 1, 2]) == {0: True, 1: True, 2: True}
+    assert time.monotonic() - start < 30  # woken by the last arrival, not by the timeout
+
+
+def test_a_rank_that_never_comes_makes_every_present_rank_abort_and_a_late_one_too():
+    _, channels = _store_channels(3, timeout=1)
+    assert _agree_on_threads(channels, "s/0", [0, 1]) == {0: False, 1: False}
+    assert _agree_on_threads(channels, "s/0", [2]) == {2: False}  # late: the word already written is "abort"
+
+
+def test_forgotten_keys_leave_the_store():
+    store, channels = _store_channels(2, timeout=60)
+    _agree_on_threads(channels, "s/0", [0, 1])
+    channels[1].forget("s/0")
+    assert store.check([comm.KEY_PREFIX + "s/0/decision"])  # only rank 0 deletes
+    channels[0].forget("s/0")
+    assert not store.check([comm.KEY_PREFIX + "s/0/decision"])

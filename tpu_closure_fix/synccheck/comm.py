@@ -120,11 +120,14 @@ class DistributedChannel(object):
             store = self._store()
             if store.add(key + "/arrived", 1) >= self.size:
                 store.compare_set(key + "/decision", "", "go")
+                store.set(key + "/decided", "1")  # wakes the waiters (torch < 2.2: compare_set wakes none)
             try:
-                store.wait([key + "/decision"], timedelta(seconds=self.timeout))
+                store.wait([key + "/decided"], timedelta(seconds=self.timeout))
             except Exception:  # waited long enough: vote to abort (unless "go" was written meanwhile)
                 pass
             decision = store.compare_set(key + "/decision", "", "abort")
+            if decision in (b"abort", "abort"):
+                store.set(key + "/decided", "1")  # the ranks still waiting need not wait any longer
         except Exception as exc:
             raise StoodDown("the store of the process group failed (%s: %s)" % (type(exc).__name__, exc),
                             broken=True)
@@ -136,7 +139,7 @@ class DistributedChannel(object):
             return
         try:
             store = self._store()
-            for suffix in ("/arrived", "/decision"):
+            for suffix in ("/arrived", "/decision", "/decided"):
                 store.delete_key(KEY_PREFIX + key + suffix)
         except Exception:
             pass

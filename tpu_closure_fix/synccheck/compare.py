@@ -28,10 +28,21 @@ class Stream(object):
         self.key = key
         self.checks = 0
         self.identical_at = None
+        self.different_since = None
         self.stood_down = None
 
-    def reset(self):
-        self.checks, self.identical_at, self.stood_down = 0, None, None
+    def record(self, report):
+        """Read ``report`` against this history (first check, last identical step, different since), then
+        add it to the history."""
+        report.first_check = self.checks == 0
+        report.identical_at = self.identical_at
+        self.checks += 1
+        if report.outcome == "identical":
+            self.identical_at, self.different_since = report.step, None
+        elif report.diverged:
+            if self.different_since is None:
+                self.different_since = report.step
+            report.different_since = self.different_since
 
 
 # --------------------------------------------------------------------------- listing
@@ -97,11 +108,7 @@ def run(obj, step, stream, barrier=None, tolerance=DEFAULT_TOLERANCE, channel=No
         _previous[stream.key] = barrier
         report = decide(fingerprint.decode(reduced), layout, error, channel, step, tolerance)
     if stream.checks >= 0:
-        report.first_check = stream.checks == 0
-        report.identical_at = stream.identical_at
-        stream.checks += 1
-        if report.outcome == "identical":
-            stream.identical_at = step
+        stream.record(report)
     return report
 
 

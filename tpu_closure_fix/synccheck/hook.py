@@ -314,13 +314,20 @@ def _name_by_module(report, optimizer):
             if id(p) in wanted and (id(p) not in found or len(named) > found[id(p)][1]):
                 found[id(p)] = (name, len(named))
     by_old = {wanted[i]: found[i][0] for i in found}
-    report.names = [by_old.get(n, n) for n in report.names]
+    paths = [by_old.get(n, n) for n in report.names]
+    taken = {}
+    for path in paths:
+        taken[path] = taken.get(path, 0) + 1
+    # parameters of separate modules with no model around them ("weight" twice) keep their position too
+    report.names = [p if taken[p] == 1 else "%s (%s)" % (p, n) for p, n in zip(paths, report.names)]
 
 
 def _listed(optimizer):
     from .compare import listed
 
     return listed(optimizer)
+
+
 def _user_stacklevel():
     """The ``stacklevel`` for a warning issued in ``report.act`` called by :func:`_check`: the first frame
     outside torch, the frameworks and this package (level 1 is ``act``, 2 is ``_check``)."""

@@ -53,7 +53,8 @@ class SyncReport(object):
     (exact, however many tensors); ``versions``: for a difference, the ranks grouped by the version they
     hold of the first differing tensor (largest group first); ``first_check``: this was the first check of its
     stream (step 0: before any optimizer update); ``identical_at``: the last step at which the same stream
-    compared identical (None: never, or no history kept for the object);
+    compared identical (None: never, or no history kept for the object); ``different_since``: the first
+    check since then that found a difference (the replicas stay apart once apart);
     ``spread[i]``/``divergence[i]``: tensor ``names[i]``'s value-sum spread over the replicas and that
     relative to its sum of absolute values (known for the differing tensors; 0 elsewhere);
     ``not_compared``: ``[(name, reason)]``; ``reason``: why no verdict (unverified, out of step).
@@ -80,6 +81,7 @@ class SyncReport(object):
         self.versions = [list(v) for v in versions]
         self.first_check = first_check
         self.identical_at = identical_at
+        self.different_since = step if outcome in DIVERGED_OUTCOMES else None
         self.not_compared = list(not_compared)
 
     @property
@@ -117,6 +119,10 @@ class SyncReport(object):
         return shown + (" and %d more" % more if more > 0 else "")
 
     def _when(self):
+        if self.different_since is not None and self.different_since != self.step:
+            before = ("; identical before the first optimizer step" if self.identical_at == 0 else
+                      "; identical at step %s" % self.identical_at if self.identical_at is not None else "")
+            return "at step %s, different since step %s%s" % (self.step, self.different_since, before)
         if self.first_check and self.step == 0:
             return ("before the first optimizer step: the replicas started different (initialisation, seeding "
                     "or loading differs between them)")
@@ -183,7 +189,7 @@ class SyncReport(object):
                 "max_divergence": self.max_divergence, "tolerance": self.tolerance,
                 "versions": self.versions,
                 "first_check": self.first_check, "started_different": self.started_different,
-                "identical_at": self.identical_at,
+                "identical_at": self.identical_at, "different_since": self.different_since,
                 "not_compared": [list(p) for p in self.not_compared]}
 
     def __repr__(self):
