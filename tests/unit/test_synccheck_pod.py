@@ -14,7 +14,15 @@ import pytest
 
 pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
 
+import importlib.util  # noqa: E402
+
 from support import ranks  # noqa: E402
+
+_torch = importlib.import_module("torch")
+#: The zero-code hook is torch's global optimizer step hook (torch >= 2.0).
+needs_step_hooks = pytest.mark.skipif(
+    not hasattr(importlib.import_module("torch.optim.optimizer"), "register_optimizer_step_post_hook"),
+    reason="the zero-code SyncCheck needs torch >= 2.0 (its global step hooks); torch %s here" % _torch.__version__)
 
 REPO = ranks.REPO
 SYNC = "TPU_CLOSURE_FIX_SYNC_CHECK"
@@ -43,6 +51,7 @@ def test_the_children_run_the_working_tree(tmp_path):
                                                                                   "_tpu_closure_fix_startup.py")
 
 
+@needs_step_hooks
 def test_a_probe_on_rank_0_only_keeps_the_checks_in_step(tmp_path):
     runs = _ok(ranks.run_ranks("probe", 2, tmp_path, env={SYNC: "5"}))
     assert "probed" in runs[0].result and "probed" not in runs[1].result
@@ -54,6 +63,7 @@ def test_a_probe_on_rank_0_only_keeps_the_checks_in_step(tmp_path):
         assert run.hook["last_report"]["step"] == 10
 
 
+@needs_step_hooks
 def test_a_probe_on_rank_0_twin_without_the_gradient_all_reduce_warns_on_rank_0(tmp_path):
     runs = _ok(ranks.run_ranks("probe", 2, tmp_path, env={SYNC: "5"}, args=["--variant", "noreduce"]))
     warned = runs[0].messages
@@ -66,6 +76,7 @@ def test_a_probe_on_rank_0_twin_without_the_gradient_all_reduce_warns_on_rank_0(
     assert runs[1].hook["last_report"]["outcome"] == "differ"
 
 
+@needs_step_hooks
 def test_raise_stops_every_rank_at_the_same_check(tmp_path):
     env = {SYNC: "5", SYNC + "_ON_DIVERGENCE": "raise"}
     runs = ranks.run_ranks("probe", 2, tmp_path, env=env, args=["--variant", "noreduce"])
@@ -77,6 +88,7 @@ def test_raise_stops_every_rank_at_the_same_check(tmp_path):
         assert run.hook["checks"] == 2 and "steps" not in run.result
 
 
+@needs_step_hooks
 def test_raise_twin_with_the_all_reduce_runs_to_the_end(tmp_path):
     env = {SYNC: "5", SYNC + "_ON_DIVERGENCE": "raise"}
     runs = _ok(ranks.run_ranks("probe", 2, tmp_path, env=env))
@@ -84,6 +96,7 @@ def test_raise_twin_with_the_all_reduce_runs_to_the_end(tmp_path):
 
 
 # --------------------------------------------------------------------------- (b) an optimizer on rank 0 only
+@needs_step_hooks
 def test_an_optimizer_stepped_on_rank_0_only_stands_down_once_and_the_main_checks_go_on(tmp_path):
     runs = _ok(ranks.run_ranks("probe-optimizer", 2, tmp_path, env={SYNC: "5", TIMEOUT_VAR: "3"}))
     zero, one = runs
@@ -114,6 +127,7 @@ def _check_the_working_tree_ran(run):
     assert run.result["sync_check_var"] == "5"
 
 
+@needs_step_hooks
 def test_run_sync_check_on_a_plain_script_that_diverges_warns_on_rank_0(tmp_path):
     runs = _ok(ranks.run_ranks("plain", 2, tmp_path, launcher=RUN))
     for run in runs:
@@ -123,6 +137,7 @@ def test_run_sync_check_on_a_plain_script_that_diverges_warns_on_rank_0(tmp_path
     assert runs[1].messages == []
 
 
+@needs_step_hooks
 def test_run_sync_check_on_the_plain_script_twin_with_the_all_reduce_is_silent(tmp_path):
     runs = _ok(ranks.run_ranks("plain", 2, tmp_path, launcher=RUN, args=["--variant", "reduce"]))
     for run in runs:
@@ -184,6 +199,8 @@ def test_a_replica_perturbed_after_step_3_diverged_between_step_1_and_step_5(see
 # --------------------------------------------------------------------------- (e) DTensor on a 2x2 mesh
 @pytest.fixture(scope="module")
 def dtensor(tmp_path_factory):
+    if importlib.util.find_spec("torch.distributed.tensor") is None:
+        pytest.skip("no torch.distributed.tensor (DTensor) in torch %s" % _torch.__version__)
     return _ok(ranks.run_ranks("dtensor", 4, tmp_path_factory.mktemp("dtensor"), env={"TPU_CLOSURE_FIX": "0"}))
 
 
@@ -266,6 +283,7 @@ def test_an_optimizer_of_agreeing_replicas_is_identical(optimizers):
 
 
 # --------------------------------------------------------------------------- (h) an LBFGS step that raised
+@needs_step_hooks
 def test_after_an_lbfgs_step_raised_the_hook_still_reports_the_divergence(tmp_path):
     runs = _ok(ranks.run_ranks("lbfgs", 2, tmp_path, env={SYNC: "5"}))
     for run in runs:
@@ -276,6 +294,7 @@ def test_after_an_lbfgs_step_raised_the_hook_still_reports_the_divergence(tmp_pa
     assert runs[1].messages == []
 
 
+@needs_step_hooks
 def test_after_an_lbfgs_step_raised_the_twin_with_the_all_reduce_is_silent(tmp_path):
     runs = _ok(ranks.run_ranks("lbfgs", 2, tmp_path, env={SYNC: "5"}, args=["--variant", "reduce"]))
     for run in runs:
@@ -297,6 +316,7 @@ def test_one_of_3000_tensors_differing_is_named_exactly(tmp_path):
 
 
 # --------------------------------------------------------------------------- (j) a rank killed before a check
+@needs_step_hooks
 def test_a_rank_killed_before_a_check_never_hangs_its_peer(tmp_path):
     runs = ranks.run_ranks("killed", 2, tmp_path, env={SYNC: "5", TIMEOUT_VAR: "5"}, kill_rank=1, timeout=150)
     zero, one = runs
@@ -314,6 +334,7 @@ def test_a_rank_killed_before_a_check_never_hangs_its_peer(tmp_path):
 
 
 # --------------------------------------------------------------------------- (k) one report per check
+@needs_step_hooks
 def test_world_4_one_report_per_check_names_the_ranks_by_version(tmp_path):
     runs = _ok(ranks.run_ranks("four", 4, tmp_path, env={SYNC: "5"}))
     warned = runs[0].messages
