@@ -31,6 +31,8 @@ import warnings
 import weakref
 
 from ..config import ASCII_WHITESPACE, SYNC_CHECK_VAR, TPUClosureFixWarning, quote_value
+from . import comm, compare, report as reports  # none imports torch: this module is loaded only when armed
+from .report import ReplicaDivergenceError
 
 ON_DIVERGENCE_VAR = SYNC_CHECK_VAR + "_ON_DIVERGENCE"
 ACTIONS = ("warn", "raise")
@@ -99,11 +101,9 @@ def arm_from_environment(environ=None):
     action, problem = parse_action(environ.get(ON_DIVERGENCE_VAR))
     if problem:
         _warn_once(("value", ON_DIVERGENCE_VAR, environ.get(ON_DIVERGENCE_VAR)), problem)
-    from .comm import TIMEOUT_VAR, parse_timeout
-
-    _, problem = parse_timeout(environ.get(TIMEOUT_VAR))
+    _, problem = comm.parse_timeout(environ.get(comm.TIMEOUT_VAR))
     if problem:
-        _warn_once(("value", TIMEOUT_VAR, environ.get(TIMEOUT_VAR)), problem)
+        _warn_once(("value", comm.TIMEOUT_VAR, environ.get(comm.TIMEOUT_VAR)), problem)
     arm(every, action)
     return every
 
@@ -196,7 +196,9 @@ def _before_step(optimizer, args, kwargs):
         return  # a step inside another optimizer's step
     _outermost[0] = (id(optimizer), sys._getframe(1))
     if _armed["every"]:
-        _guarded(_first_check, optimizer)
+        entry = _counts.get(id(optimizer))
+        if entry is None or entry[1][0] == 0:  # before the optimizer's first update
+            _guarded(_first_check, optimizer)
 
 
 def _after_step(optimizer, args, kwargs):
@@ -211,8 +213,6 @@ def _after_step(optimizer, args, kwargs):
 
 def _guarded(fn, optimizer):
     """Run one of the hook's actions; a divergence raised on purpose goes through, anything else disarms."""
-    from .report import ReplicaDivergenceError
-
     try:
         fn(optimizer)
     except ReplicaDivergenceError:
@@ -253,12 +253,10 @@ _digests = {}
 
 def _entry(optimizer):
     """(stream, [steps]): the optimizer's check history and its count of completed steps."""
-    from .compare import Stream
-
     key = id(optimizer)
     entry = _counts.get(key)
     if entry is None:
-        entry = _counts[key] = (Stream(_stream_key(optimizer)), [0])
+        entry = _counts[key] = (compare.Stream(_stream_key(optimizer)), [0])
         try:
             finalizer = weakref.finalize(optimizer, _counts.pop, key, None)
             finalizer.atexit = False
@@ -268,8 +266,6 @@ def _entry(optimizer):
 
 
 def _check(optimizer, stream, step):
-    from . import comm, compare, report as reports
-
     channel = comm.channel()
     if channel is None:  # one process, or world size 1: nothing to compare, nothing entered
         return
@@ -323,9 +319,7 @@ def _name_by_module(report, optimizer):
 
 
 def _listed(optimizer):
-    from .compare import listed
-
-    return listed(optimizer)
+    return compare.listed(optimizer)
 
 
 def _user_stacklevel():
