@@ -119,10 +119,18 @@ def test_importing_torch_with_the_sync_check_asked_activates_and_arms_the_hook(s
     """TPU_CLOSURE_FIX_SYNC_CHECK set: torch alone (no framework, no torch_xla) activates the package, and the
     zero-code check's hook is in torch's registry -- every process of a job arms it, whatever it imports."""
     pytest.importorskip("torch", reason="needs torch")
+    import importlib
+
+    # torch < 2.0 has no global step hooks: the package still activates and says once that the check is off
+    hooks = hasattr(importlib.import_module("torch.optim.optimizer"), "register_optimizer_step_post_hook")
     report, stderr = run("import _tpu_closure_fix_startup\nimport torch\n", standin, report=TORCH_REPORT,
                          TPU_CLOSURE_FIX_SYNC_CHECK="5")
-    assert report == {"armed": 0, "torch": True, "package": True, "hook": True, "every": 5}, stderr
-    assert "TPUClosureFixWarning" not in stderr and "could not activate" not in stderr, stderr
+    assert report == {"armed": 0, "torch": True, "package": True, "hook": hooks, "every": 5}, stderr
+    assert "could not activate" not in stderr, stderr
+    if hooks:
+        assert "TPUClosureFixWarning" not in stderr, stderr
+    else:
+        assert stderr.count("TPU_CLOSURE_FIX_SYNC_CHECK needs torch >= 2.0") == 1, stderr
 
 
 @pytest.mark.parametrize("value", [None, "", "0"])
