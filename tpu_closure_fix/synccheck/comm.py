@@ -6,8 +6,9 @@ Picked at each check from the process's environment alone:
   (made once, on the first check every rank agreed to), so it never pairs with the training's own
   collectives; the vector is computed on the parameters' device and crosses on the host. Before every
   collective the ranks *agree* through the process group's store: each rank counts itself in under the
-  check's key; the last to arrive writes "go"; a rank that waited ``timeout`` seconds writes "abort"
-  instead (an atomic compare-and-set, so the first word written is every rank's answer). A rank enters
+  check's key and watches the count; a rank that sees every rank in votes "go", one that waited ``timeout``
+  seconds without seeing it votes "abort" (an atomic compare-and-set, so the first vote written is every
+  rank's answer). A rank enters
   the collective only on "go", so a check that some rank never reaches (an optimizer stepped on one
   rank only, a rank gone, ranks out of step) is entered by none: it stands down with one warning.
 * torch_xla with a world size > 1 and no process group: ``xm.all_reduce`` inside the XLA graph. There
@@ -112,22 +113,23 @@ class DistributedChannel(object):
 
     def agree(self, key):
         """Whether every rank reached check ``key`` (see the module docstring). Raises StoodDown when the
-        store itself fails (its host gone)."""
-        from datetime import timedelta
+        store itself fails (its host gone).
+
+        Each rank counts itself in, then polls the count (no blocking ``wait``: on torch 1.x a timed-out wait
+        leaves the store's socket out of step for every later use) until all are in or ``timeout`` passed,
+        and votes "go" or "abort" by compare-and-set: the first vote written is every rank's answer."""
+        import time
 
         key = KEY_PREFIX + key
         try:
             store = self._store()
-            if store.add(key + "/arrived", 1) >= self.size:
-                store.compare_set(key + "/decision", "", "go")
-                store.set(key + "/decided", "1")  # wakes the waiters (torch < 2.2: compare_set wakes none)
-            try:
-                store.wait([key + "/decided"], timedelta(seconds=self.timeout))
-            except Exception:  # waited long enough: vote to abort (unless "go" was written meanwhile)
-                pass
-            decision = store.compare_set(key + "/decision", "", "abort")
-            if decision in (b"abort", "abort"):
-                store.set(key + "/decided", "1")  # the ranks still waiting need not wait any longer
+            arrived = store.add(key + "/arrived", 1)
+            deadline, delay = time.monotonic() + self.timeout, 0.0002
+            while arrived < self.size and time.monotonic() < deadline:
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+                arrived = store.add(key + "/arrived", 0)
+            decision = store.compare_set(key + "/decision", "", "go" if arrived >= self.size else "abort")
         except Exception as exc:
             raise StoodDown("the store of the process group failed (%s: %s)" % (type(exc).__name__, exc),
                             broken=True)
@@ -139,7 +141,7 @@ class DistributedChannel(object):
             return
         try:
             store = self._store()
-            for suffix in ("/arrived", "/decision", "/decided"):
+            for suffix in ("/arrived", "/decision"):
                 store.delete_key(KEY_PREFIX + key + suffix)
         except Exception:
             pass
