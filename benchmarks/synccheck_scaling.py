@@ -16,8 +16,15 @@ With ``--single-process`` it measures instead what the zero-code hook costs a pr
 group (a one-device run with ``TPU_CLOSURE_FIX_SYNC_CHECK=1``: it only counts): paired blocks of steps of the
 demo's model with the hook armed and disarmed, alternating, median per step of the difference.
 
+With ``--xla-python PATH`` (the interpreter of a torch_xla venv, e.g. ``.cache/xla-venv-2.9/bin/python``
+from ``bash scripts/xla_env.sh 2.9``) it prints instead the XLA graph counts, from torch_xla's own metrics
+(``CompileTime``, ``ExecuteTime``): 2 processes, one CPU PJRT device each, joined by gloo, train a small MLP
+``--xla-steps`` steps with ``check_sync`` every ``--xla-every`` steps and without, as
+tests/xla/test_synccheck_cost.py (which bounds these counts) runs tests/support/synccheck_xla_cost.py.
+
     python benchmarks/synccheck_scaling.py                 # the figures in docs/synccheck.md
     python benchmarks/synccheck_scaling.py --single-process
+    python benchmarks/synccheck_scaling.py --xla-python .cache/xla-venv-2.9/bin/python
     python benchmarks/synccheck_scaling.py --smoke         # a few seconds: the script works
 """
 import argparse
@@ -97,6 +104,51 @@ def measure(world, model, reps):
     return json.loads(out[0].strip().splitlines()[-1])
 
 
+def xla_run(python, steps, every, checked):
+    """Both ranks' measurements of tests/support/synccheck_xla_cost.py under ``python`` (a torch_xla venv)."""
+    import tempfile
+
+    tests = os.path.join(REPO, "tests")
+    drop = ("PJRT_DEVICE", "CPU_NUM_DEVICES", "PYTHONPATH", "TPU_CLOSURE_FIX_SYNC_CHECK",
+            "TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(PJRT_DEVICE="CPU", TPU_CLOSURE_FIX="0", PYTHONWARNINGS="ignore", PYTHONPATH=os.pathsep.join([REPO, tests]))
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="synccheck-xla-") as tmp:
+        outs = [os.path.join(tmp, "rank%d.json" % rank) for rank in range(2)]
+        procs = [subprocess.Popen([python, "-m", "support.synccheck_xla_cost", "--rank", str(rank), "--world", "2",
+                                   "--port", str(port), "--every", str(every), "--steps", str(steps), "--out", out]
+                                  + ([] if checked else ["--no-check"]), env=env, cwd=tests,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, universal_newlines=True)
+                 for rank, out in enumerate(outs)]
+        errors = [p.communicate(timeout=1800)[1] for p in procs]
+        if any(p.returncode for p in procs):
+            raise SystemExit("torch_xla run failed (%s):\n%s" % ([p.returncode for p in procs], errors[0][-2000:]))
+        results = []
+        for out in outs:
+            with open(out) as handle:
+                results.append(json.load(handle))
+    return results
+
+
+def xla_counts(python, steps, every):
+    """Print the graph counts of a check on real torch_xla (rank 0's; the test asserts both ranks')."""
+    checked = xla_run(python, steps, every, True)[0]
+    unchecked = xla_run(python, steps, every, False)[0]
+    checks = checked["checks"]
+    print("torch_xla graph counts (%s; 2 processes, CPU PJRT, gloo), a %d-step MLP checked at step 1 and every %d "
+          "(%d checks):" % (python, steps, every, len(checks)))
+    print("%-34s %13s %17s" % ("", "compilations", "graph executions"))
+    print("%-34s %13d %17d" % ("first check", checks[0]["compiles"], checks[0]["executes"]))
+    later = checks[1:]
+    print("%-34s %13s %17s" % ("later checks (each, max)", max(c["compiles"] for c in later),
+                               max(c["executes"] for c in later)))
+    print("%-34s %13s %17s" % ("whole run, with checks / without",
+                               "%d / %d" % (checked["whole_run"]["compiles"], unchecked["whole_run"]["compiles"]),
+                               "%d / %d" % (checked["whole_run"]["executes"], unchecked["whole_run"]["executes"])))
+    print("outcomes: %s" % ", ".join(sorted(set(c["outcome"] for c in checks))))
+
+
 def single_process(blocks, steps):
     """Per-step cost of the armed hook (every=1) in a process without a process group: (armed, off) medians."""
     import torch
@@ -138,7 +190,17 @@ def main():
     parser.add_argument("--reps", type=int, default=50)
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--single-process", action="store_true")
+    parser.add_argument("--xla-python", metavar="PATH", help="a torch_xla venv's python: print the XLA graph counts")
+    parser.add_argument("--xla-steps", type=int, default=30)
+    parser.add_argument("--xla-every", type=int, default=5)
     args = parser.parse_args()
+    if args.xla_python:
+        if not os.path.isfile(args.xla_python):
+            parser.error("--xla-python: no such interpreter: %s" % args.xla_python)
+        if args.xla_every < 1 or args.xla_steps <= args.xla_every:
+            parser.error("--xla-every must be >= 1 and below --xla-steps (got %d, %d)" % (args.xla_every,
+                                                                                         args.xla_steps))
+        return xla_counts(os.path.abspath(args.xla_python), args.xla_steps, args.xla_every)
     if args.worker:
         rank, world, port, model, reps = args.worker
         return worker(int(rank), int(world), int(port), model, int(reps))

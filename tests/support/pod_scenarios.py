@@ -354,9 +354,48 @@ def four(ctx):
         train_step(model, optimizer, *batch(data_rank, step), reduce=False, world=ctx.world)
 
 
+def fsdp(ctx):
+    """(l) FSDP1 on 4 ranks, two "hosts": HYBRID_SHARD with shard groups [0, 1], [2, 3] and replica groups
+    [0, 2], [1, 3], without and with ``use_orig_params``, then FULL_SHARD. Three correct steps each (the
+    zero-code check runs when armed), ``compare_replicas`` of the model, then rank 2 changes its shard."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+
+    from tpu_closure_fix import compare_replicas
+
+    shard_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    replica_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+    hybrid = (shard_groups[ctx.rank // 2], replica_groups[ctx.rank % 2])
+    cases = [("hybrid", ShardingStrategy.HYBRID_SHARD, False), ("hybrid-orig", ShardingStrategy.HYBRID_SHARD, True),
+             ("full", ShardingStrategy.FULL_SHARD, False)]
+    for case, strategy, orig in cases:
+        model = FullyShardedDataParallel(make_model(0), process_group=hybrid if case != "full" else None,
+                                         sharding_strategy=strategy, device_id=torch.device("cpu"),
+                                         use_orig_params=orig)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(1, 4):
+            train_step(model, optimizer, *batch(ctx.rank, step), reduce=False, world=ctx.world)
+        ctx.result[case] = [[name, list(p.shape)] for name, p in model.named_parameters()]
+        ctx.keep(compare_replicas(model), case)
+        held = [p for p in model.parameters() if p.numel() > 0][0]
+        ctx.keep(compare_replicas({"local": held.detach().clone()}), case + "-as-plain")
+        if ctx.rank == 2:
+            with torch.no_grad():
+                held.view(-1)[0] += 1.0
+        train_step(model, optimizer, *batch(ctx.rank, 4), reduce=False, world=ctx.world)
+        ctx.keep(compare_replicas(model), case + "-changed")
+        ctx.result[case + "-changed"] = [name for name, p in model.named_parameters() if p is held]
+        hook = sys.modules.get("tpu_closure_fix.synccheck.hook")
+        if hook is not None and id(optimizer) in hook._counts:  # gone with the optimizer: read it now
+            stream, steps = hook._counts[id(optimizer)]
+            ctx.result[case + "-stream"] = {"checks": stream.checks, "steps": steps[0],
+                                            "stood_down": stream.stood_down}
+
+
 SCENARIOS = {"probe": probe, "probe-optimizer": probe_optimizer, "plain": plain, "seeded": seeded,
              "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,
-             "killed": killed, "four": four}
+             "killed": killed, "four": four, "fsdp": fsdp}
 
 
 def _module_file(name):

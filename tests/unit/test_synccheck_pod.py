@@ -254,6 +254,60 @@ def test_neuron_one_dp_replica_changed_differs(neuron):
         assert report["versions"] == [[1], [3]]
 
 
+# --------------------------------------------------------------------------- (f') FSDP1 on two "hosts" of 2
+@pytest.fixture(scope="module")
+def fsdp(tmp_path_factory):
+    if tuple(int(x) for x in _torch.__version__.split(".")[:2]) < (2, 1):
+        pytest.skip("FSDP1 on CPU (device_id=cpu) needs torch >= 2.1; torch %s here" % _torch.__version__)
+    return _ok(ranks.run_ranks("fsdp", 4, tmp_path_factory.mktemp("fsdp"), env={SYNC: "1", TIMEOUT_VAR: "30"}))
+
+
+def test_fsdp_hybrid_shards_are_compared_over_their_replica_groups(fsdp):
+    for run in fsdp:
+        for case, count in (("hybrid", 1), ("hybrid-orig", 4)):
+            report = _by_case(run)[case]
+            assert report["outcome"] == "identical" and report["not_compared"] == [], report
+            assert "all %d parameter tensors bitwise identical on all 4 replicas" % count in report["message"]
+        # the twin: the same local shard as a plain tensor differs over the world (shards 0 and 1)
+        plain = _by_case(run)["hybrid-as-plain"]
+        assert plain["outcome"] == "differ" and plain["versions"] == [[0, 2], [1, 3]]
+        assert _by_case(run)["hybrid-orig-as-plain"]["outcome"] == "structure"
+    # use_orig_params: this rank's views of its shard have other lengths than the next shard's
+    assert fsdp[0].result["hybrid-orig"] != fsdp[1].result["hybrid-orig"]
+    assert fsdp[0].result["hybrid-orig"] == fsdp[2].result["hybrid-orig"]
+
+
+def test_fsdp_hybrid_shard_changed_on_one_replica_is_named(fsdp):
+    for run in fsdp:
+        for case in ("hybrid", "hybrid-orig"):
+            report = _by_case(run)[case + "-changed"]
+            assert report["outcome"] == "differ" and report["versions"] == [[0], [2]], report
+            assert report["differing"] == run.result[case + "-changed"]
+
+
+def test_fsdp_full_shard_is_not_compared_and_never_identical(fsdp):
+    for run in fsdp:
+        for case in ("full", "full-changed"):
+            report = _by_case(run)[case]
+            assert report["outcome"] == "unverified", report
+            assert [name for name, _ in report["not_compared"]] == ["_fsdp_wrapped_module._flat_param"]
+            assert "FSDP FULL_SHARD" in report["not_compared"][0][1]
+            assert "1 parameter tensor not compared" in report["message"]
+        assert _by_case(run)["full-as-plain"]["versions"] == [[0], [1], [2], [3]]  # the twin: shards differ
+
+
+@needs_step_hooks
+def test_fsdp_under_the_zero_code_check_one_report_per_event_on_rank_0(fsdp):
+    for run in fsdp:  # every optimizer's stream is the same on every rank (no agreement timed out)
+        for case in ("hybrid", "hybrid-orig", "full"):
+            assert run.result[case + "-stream"] == {"checks": 5, "steps": 4, "stood_down": None}
+    said = fsdp[0].messages
+    assert len(said) == 3, said
+    assert sum("different parameters between step 3 (identical) and step 4" in m for m in said) == 2
+    assert sum("could not compare" in m and "FSDP FULL_SHARD" in m for m in said) == 1
+    assert [run.messages for run in fsdp[1:]] == [[], [], []]
+
+
 # --------------------------------------------------------------------------- (g) what compare_replicas takes
 @pytest.fixture(scope="module")
 def optimizers(tmp_path_factory):

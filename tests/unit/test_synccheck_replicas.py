@@ -361,16 +361,31 @@ def test_agreeing_nonfinite_replicas_warn_but_never_raise_nor_call_back():
     assert called == []
 
 
-@pytest.mark.parametrize("rank", [0, 1])
-def test_an_unverified_check_warns_once_per_reason_on_every_rank_and_never_raises(rank):
+@pytest.mark.parametrize("rank, local_error, said", [(0, False, 1), (1, False, 0), (1, True, 1)])
+def test_an_unverified_check_is_said_once_per_reason_by_rank_0_or_the_failing_rank_and_never_raises(
+        rank, local_error, said):
+    import logging
     import warnings
 
     report = _report("unverified", differing=[], reason="test reason %d" % id(object()))
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        reports.act(report, "raise", rank=rank)
-        reports.act(report, "raise", rank=rank)
-    assert len(seen) == 1 and "could not compare" in str(seen[0].message)
+    report.local_error = local_error
+    logged = []
+    handler = logging.Handler()
+    handler.emit = logged.append
+    logger = logging.getLogger("tpu_closure_fix.synccheck")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            reports.act(report, "raise", rank=rank)
+            reports.act(report, "raise", rank=rank)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    assert len(seen) == said and all("could not compare" in str(w.message) for w in seen)
+    assert len(logged) == 1 - said  # the others log it once at debug level
 
 
 def test_a_structure_mismatch_raises_with_raise():

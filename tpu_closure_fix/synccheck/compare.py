@@ -134,7 +134,7 @@ def decide(decoded, layout, error, channel, step, tolerance):
         reason = ("%s: %s" % (type(error).__name__, error) if isinstance(error, Exception) and not
                   isinstance(error, Unlisted) else str(error) if error is not None
                   else "another replica could not list or fingerprint its parameters")
-        return report("unverified", reason=reason)
+        return report("unverified", reason=reason, local_error=error is not None)
     # 3. Ranks at different steps: name them, compare nothing.
     if decoded["step"][0] != decoded["step"][1]:
         return report("out_of_step", reason=_out_of_step(channel, step))

@@ -16,8 +16,13 @@ The rules, the same in the zero-code hook, the Lightning callback, ``check_sync`
 2. neuronx-distributed / optimum-neuron, when its parallel state is initialised: every parameter over
    its data-parallel replica group (``get_data_parallel_replica_groups``), never across tensor- or
    pipeline-parallel ranks.
-3. FSDP1 ``FlatParameter`` and torch_xla FSDP shards (``_is_sharded``): flat shards of this rank, with
-   no replica group to compare over: listed as not compared, with the reason.
+3. FSDP1 (its ``FlatParameter`` and, with ``use_orig_params``, the original parameters viewing into it,
+   both marked ``_fsdp_flattened``), read from the ``FlatParamHandle`` that owns the tensor:
+   ``HYBRID_SHARD`` over the ranks holding the same shard index (its inter-node replica group: the ranks
+   whose gradients FSDP all-reduces for that shard); ``NO_SHARD`` over the whole world (every rank holds
+   it all); ``FULL_SHARD`` / ``SHARD_GRAD_OP``, torch_xla FSDP shards (``_is_sharded``) and a flat tensor
+   whose handle is not found: shards of this rank with no replica group, listed as not compared, with
+   the reason.
 4. Anything else: over the whole world.
 
 The layout is computed from the tensors and the environment alone, so ranks holding the same model
@@ -32,6 +37,8 @@ NEURON_STATE = "neuronx_distributed.parallel_layers.parallel_state"
 
 FLAT_SHARD = ("a flat shard of this rank (FSDP FlatParameter / torch_xla FSDP): it differs per rank by design "
               "and has no replica group to compare over")
+#: FSDP1 sharding strategies whose shards have replicas: the ranks with the same shard index.
+HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 
 
 class Placement(object):
@@ -54,9 +61,54 @@ def _is_dtensor(tensor):
 
 
 def _is_flat_shard(tensor):
-    if getattr(tensor, "_is_sharded", False):
+    if getattr(tensor, "_is_sharded", False) or getattr(tensor, "_fsdp_flattened", False):
         return True
+    # torch 1.x: FlatParameter is a class of its own (torch 2.x's reports type Parameter; only the mark tells)
     return any(cls.__name__ == "FlatParameter" for cls in type(tensor).__mro__)
+
+
+def shape_on_every_rank(tensor):
+    """The tensor's shape as every rank of the job sees it: an FSDP1 original parameter is a view of this
+    rank's shard, whose length differs per rank, so it has none (the rest have theirs)."""
+    if getattr(tensor, "_fsdp_flattened", False):
+        return "FSDP flat"
+    return tuple(int(d) for d in tensor.shape)
+
+
+def fsdp_handles(named):
+    """``{id(tensor): FlatParamHandle}`` for the FSDP1 tensors of ``named``: their flat parameter or an
+    original parameter viewing into it. A tensor does not point to its handle, so the live objects are
+    searched, only when some listed tensor carries FSDP's mark (one pass of ``gc.get_objects()``)."""
+    wanted = {id(t) for _, t in named if getattr(t, "_fsdp_flattened", False)}
+    if not wanted:
+        return {}
+    import gc
+
+    found = {}
+    for obj in gc.get_objects():
+        if type(obj).__name__ != "FlatParamHandle":
+            continue
+        flat = getattr(obj, "flat_param", None)
+        if flat is None:
+            continue
+        for tensor in [flat] + list(getattr(flat, "_params", None) or ()) + \
+                list(getattr(flat, "_shared_params", None) or ()):
+            if id(tensor) in wanted:
+                found[id(tensor)] = obj
+    return found
+
+
+def _fsdp_placement(tensor, handle):
+    """Rule 3: an FSDP1 tensor by its handle's sharding strategy (a string when it is not compared)."""
+    strategy = getattr(getattr(handle, "_sharding_strategy", None), "name", None)
+    if strategy == "NO_SHARD":
+        return Placement(("world",), 1, 0, tensor, fingerprint.describe(tensor))
+    shards, index = getattr(handle, "world_size", None), getattr(handle, "rank", None)
+    if strategy in HYBRID and isinstance(shards, int) and isinstance(index, int) and 0 <= index < shards:
+        # the local shard's length differs between shard indices: the description holds only what all share
+        description = ("FSDP %s shard of %d" % (strategy, shards), str(tensor.dtype).replace("torch.", ""))
+        return Placement(("fsdp-hybrid", shards), shards, index, tensor, description)
+    return "%s: FSDP %s" % (FLAT_SHARD, strategy or "(sharding strategy unknown)")
 
 
 def _dtensor_placement(tensor):
@@ -95,10 +147,12 @@ def _neuron_groups():
     return tuple(groups) if len(groups) > 1 else None
 
 
-def placement(tensor, rank, neuron_groups=None):
+def placement(tensor, rank, neuron_groups=None, fsdp_handle=None):
     """The :class:`Placement` of one tensor on ``rank``, or a string: why it is not compared."""
     if _is_dtensor(tensor):
         return _dtensor_placement(tensor)
+    if fsdp_handle is not None:
+        return _fsdp_placement(tensor, fsdp_handle)
     if _is_flat_shard(tensor):
         return FLAT_SHARD
     if neuron_groups:
@@ -121,11 +175,13 @@ class Layout(object):
 
     def __init__(self, named, rank, slots=fingerprint.SLOTS):
         self.slots = slots
+        named = list(named)
         neuron = _neuron_groups()
+        handles = fsdp_handles(named)
         found = []
         self.not_compared = []
         for name, tensor in named:
-            where = placement(tensor, rank, neuron)
+            where = placement(tensor, rank, neuron, handles.get(id(tensor)))
             if isinstance(where, str):
                 self.not_compared.append((name, where))
             else:

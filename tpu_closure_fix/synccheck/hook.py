@@ -240,9 +240,11 @@ def _count_and_check(optimizer):
 def _stream_key(optimizer):
     """A name for the optimizer that every rank gives the same optimizer: a digest of its parameters' shapes
     and dtypes, and how many optimizers with that digest this process stepped before it."""
+    from . import groups
     from .fingerprint import _hash32
 
-    shapes = [(tuple(p.shape), str(p.dtype)) for group in optimizer.param_groups for p in group["params"]]
+    shapes = [(groups.shape_on_every_rank(p), str(p.dtype)) for group in optimizer.param_groups
+              for p in group["params"]]
     digest = "%08x" % _hash32(repr(shapes))
     _digests[digest] = _digests.get(digest, 0) + 1
     return "optimizer-%s-%d" % (digest, _digests[digest])

@@ -57,13 +57,14 @@ class SyncReport(object):
     check since then that found a difference (the replicas stay apart once apart);
     ``spread[i]``/``divergence[i]``: tensor ``names[i]``'s value-sum spread over the replicas and that
     relative to its sum of absolute values (known for the differing tensors; 0 elsewhere);
-    ``not_compared``: ``[(name, reason)]``; ``reason``: why no verdict (unverified, out of step).
+    ``not_compared``: ``[(name, reason)]``; ``reason``: why no verdict (unverified, out of step);
+    ``local_error``: this replica's own listing or fingerprint failed (the reason is its error).
     ``tolerance`` is recorded and decides nothing: any bitwise difference is one.
     """
 
     def __init__(self, step, world_size, backend, names, spread=None, divergence=None, tolerance=0.0,
                  outcome="identical", differing=(), nonfinite=(), structure=None, reason=None, versions=(),
-                 first_check=False, identical_at=None, not_compared=()):
+                 first_check=False, identical_at=None, not_compared=(), local_error=False):
         if outcome not in OUTCOMES:
             raise ValueError("outcome must be one of %s; got %r" % (", ".join(OUTCOMES), outcome))
         self.step = step
@@ -83,6 +84,7 @@ class SyncReport(object):
         self.identical_at = identical_at
         self.different_since = step if outcome in DIVERGED_OUTCOMES else None
         self.not_compared = list(not_compared)
+        self.local_error = local_error
 
     @property
     def diverged(self):
@@ -142,12 +144,20 @@ class SyncReport(object):
                  for i, v in enumerate(self.versions)]
         return " (%s)" % "; ".join(parts)
 
+    def _not_compared_note(self):
+        if not self.not_compared:
+            return ""
+        name, reason = self.not_compared[0]
+        return "; %d parameter tensor%s not compared (%r: %s)" % (
+            len(self.not_compared), "" if len(self.not_compared) == 1 else "s", name, reason)
+
     def message(self):
         if self.outcome == "out_of_step":
             return ("SyncCheck: the replicas reached this check at different steps (%s); the check stands down "
                     "rather than compare different steps." % (self.reason,))
         if self.outcome == "unverified":
-            return "SyncCheck could not compare the replicas at %s: %s." % (_at(self.step), self.reason)
+            return "SyncCheck could not compare the replicas at %s: %s%s." % (_at(self.step), self.reason,
+                                                                              self._not_compared_note())
         if self.outcome == "structure":
             return ("SyncCheck: data-parallel replicas hold different models %s (%d replicas): %s. Every replica "
                     "must build the same model: the same parameter tensors, shapes and dtypes in the same order."
@@ -157,8 +167,8 @@ class SyncReport(object):
                     "all %d replicas: the replicas agree (not a divergence), the training itself produced "
                     "them: %s." % (_at(self.step), self.world_size, self._listed(self.nonfinite)))
         if self.outcome == "identical":
-            return ("SyncCheck: all %d parameter tensors bitwise identical on all %d replicas at %s."
-                    % (len(self.names), self.world_size, _at(self.step)))
+            return ("SyncCheck: all %d parameter tensors bitwise identical on all %d replicas at %s%s."
+                    % (len(self.names), self.world_size, _at(self.step), self._not_compared_note()))
         i = self.worst_index
         how = ("value-sum spread %.3g, relative divergence %.3g" % (self.spread[i], self.divergence[i])
                if self.spread[i] else "equal value sums: a sum-preserving difference, e.g. compensating "
@@ -210,14 +220,15 @@ def act(report, on_divergence, rank=0, stacklevel=3):
     """What a check does with its report: on divergence rank 0 warns (the others log at debug level), every
     rank raises with ``"raise"``, or ``on_divergence(report)`` is called on every rank; identical non-finite
     parameters are said the same way (never raised: the replicas agree); an unverified or out-of-step
-    check is warned about once per reason, by every rank (each one stands down on its own)."""
+    check is said once per reason, by rank 0 and by a rank whose own listing or fingerprint failed (it
+    alone knows the error)."""
     if report is None or report.outcome == "identical":
         return
     if report.outcome in ("unverified", "out_of_step"):
         key = (report.outcome, report.reason)
         if key not in _warned_once:
             _warned_once.add(key)
-            warnings.warn(report.message(), TPUClosureFixWarning, stacklevel=stacklevel)
+            _say(report.message(), rank == 0 or report.local_error, stacklevel)
         return
     if report.outcome == "nonfinite":
         _say(report.message(), rank == 0, stacklevel)
