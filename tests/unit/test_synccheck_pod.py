@@ -389,13 +389,16 @@ def test_a_rank_killed_before_a_check_never_hangs_its_peer(tmp_path):
 
 # --------------------------------------------------------------------------- (k) one report per check
 @needs_step_hooks
-def test_world_4_one_report_per_check_names_the_ranks_by_version(tmp_path):
-    runs = _ok(ranks.run_ranks("four", 4, tmp_path, env={SYNC: "5"}))
+@pytest.mark.parametrize("world", [4, 8])
+def test_one_report_per_check_names_the_ranks_by_version(tmp_path, world):
+    runs = _ok(ranks.run_ranks("four", world, tmp_path, env={SYNC: "5"}))
+    last = world - 1
     warned = runs[0].messages
     assert len(warned) == 3, warned  # steps 1, 5, 10 (identical before step 1): one warning each, rank 0 only
     for message in warned:
-        assert DIVERGED in message and "(ranks 0-2 hold one version; rank 3 holds another)" in message, message
+        assert DIVERGED in message and "(ranks 0-%d hold one version; rank %d holds another)" % (last - 1, last) \
+            in message, message
     for run in runs:
         assert run.hook["checks"] == 4
-        assert run.hook["last_report"]["versions"] == [[0, 1, 2], [3]]
-    assert [len(run.messages) for run in runs[1:]] == [0, 0, 0]
+        assert run.hook["last_report"]["versions"] == [list(range(last)), [last]]
+    assert [len(run.messages) for run in runs[1:]] == [0] * last
