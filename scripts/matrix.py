@@ -119,8 +119,8 @@ def status(path, name, results):
     code, out, _ = run(command, env, 600, cwd=cwd)
     records, error = None, None
     try:
-        records = json.loads(out[out.index("["):])
-    except ValueError:
+        records = json.loads(out[out.index("{"):])["sites"]
+    except (ValueError, KeyError, TypeError):
         error = "status failed (exit %s): %s" % (code, out[-2000:])
     code, out, _ = run([sys.executable, "-c", "import wrapt; print(wrapt.__version__)"], env, 120)
     wrapt_version = out.strip().splitlines()[-1] if code == 0 and out.strip() else None

@@ -25,10 +25,11 @@ import json
 import os
 from collections import namedtuple
 
-PROTECTED, UNPROTECTED, NOT_VERIFIED = "protected", "unprotected", "could not verify"
-EXIT_CODES = {PROTECTED: 0, UNPROTECTED: 1, NOT_VERIFIED: 3}
+from .report import EXIT_CODES, NOT_VERIFIED, NOTHING_TO_PROTECT, PROTECTED, UNPROTECTED  # noqa: F401
 
 Outcome = namedtuple("Outcome", "name exit_code reason")
+
+NOTHING_INSTALLED = ("-", "no installed call site to test (nothing the shim patches or verifies is installed here)")
 
 _WHAT_TO_DO = ("run `tpu-closure-fix check --json` for the details (the child's traceback); `--no-graph` "
                "runs the event-order self-test alone")
@@ -144,8 +145,7 @@ def _not_verified_reasons(events, graph, graph_unavailable, import_failures=()):
         if untested:
             reasons.extend((u["site"], "no self-test covers %s (%s)" % (u["site"], u["reason"])) for u in untested)
         else:
-            reasons.append(("-", "no installed call site to test (nothing the shim patches or verifies is "
-                                 "installed here)"))
+            reasons.append(NOTHING_INSTALLED)
     return reasons
 
 
@@ -159,27 +159,39 @@ def _untested(events, graph):
     return entries
 
 
-def decide(unprotected, events, graph, graph_unavailable=None):
+def decide(unprotected, events, graph, graph_unavailable=None, installed=None, startup_gap=None):
     """The outcome of a check.
 
     ``unprotected``: status records of installed sites that run the buggy code (a site whose module failed
     to import is among them for ``status``; here it makes the outcome "could not verify"); ``events``: the
     event-order self-test's result; ``graph``: the graph check's result, or None when it did not
     run (``False``: not asked for); ``graph_unavailable``: why a graph check that was asked for
-    could not start, or None.
+    could not start, or None; ``installed``: how many call sites the fresh interpreter has installed
+    (None: not known); ``startup_gap``: why its start-up hook leaves installed sites unpatched, or None
+    (:func:`tpu_closure_fix.report.startup_gap`).
     """
     from .report import import_failed
 
+    # 1. A training script started as the user starts it does not get the shim.
+    if startup_gap:
+        return Outcome(UNPROTECTED, EXIT_CODES[UNPROTECTED], "UNPROTECTED: " + startup_gap)
     # a site whose module cannot be imported runs no code at all: neither order is shown, so not "unprotected"
     import_failures = [r for r in unprotected if import_failed(r)]
     unprotected = [r for r in unprotected if not import_failed(r)]
     reasons = _unprotected_reasons(unprotected, events, graph)
+    # 2. A site runs the buggy code, or a self-test saw the buggy order.
     if reasons:
         return Outcome(UNPROTECTED, EXIT_CODES[UNPROTECTED], "UNPROTECTED: " + _first_and_more(reasons) + ".")
     reasons = _not_verified_reasons(events, graph, graph_unavailable, import_failures)
+    # 3. Nothing failed, and nothing the shim covers is installed: said as such, not as a failed check.
+    if installed == 0 and reasons == [NOTHING_INSTALLED]:
+        return Outcome(NOTHING_TO_PROTECT, EXIT_CODES[NOTHING_TO_PROTECT],
+                       "NOTHING TO PROTECT: no framework or torch_xla release the shim covers is installed here.")
+    # 4. A self-test or an import failed, or a site has no self-test and nothing else was tested.
     if reasons:
         return Outcome(NOT_VERIFIED, EXIT_CODES[NOT_VERIFIED],
                        "COULD NOT VERIFY: %s. What you can do: %s." % (_first_and_more(reasons), _WHAT_TO_DO))
+    # 5. Protected: every installed site patched, guarded or fixed upstream, and every self-test right.
     untested = _untested(events, graph)
     # Each site once, whichever self-test saw it: the graph child may import what this process has
     # not (the torch_xla guard is only patched where torch_xla is imported).
@@ -223,18 +235,33 @@ def _run_graph(args):
 def run(args):
     from . import report
     from .verify import events as eventcheck
+    from .verify import fresh
 
-    failures = report.import_installed_sites()
-    records = report.status(import_errors=failures)
+    payload, error = fresh.run_status(timeout=args.timeout)
+    if payload is None or "records" not in payload:
+        status = report.status_json(payload, error)
+        outcome = Outcome(status["outcome"], status["exit_code"], status["reason"])
+        return _print_result(args, outcome, status, {}, None, [])
+    records = payload["records"]
     unprotected = report.unprotected(records)
     events = eventcheck.run_event_check(timeout=args.timeout)
     graph, graph_unavailable = _run_graph(args)
-    outcome = decide(unprotected, events, graph, graph_unavailable)
+    outcome = decide(unprotected, events, graph, graph_unavailable, installed=len(report.installed(records)),
+                     startup_gap=report.startup_gap(payload))
+    return _print_result(args, outcome, report.status_json(payload, error), events, graph, graph_unavailable)
+
+
+def _print_result(args, outcome, status, events, graph, graph_unavailable):
+    from . import report
+
+    records = status["sites"]
     if args.json:
-        print(json.dumps({"outcome": outcome.name, "exit_code": outcome.exit_code, "reason": outcome.reason,
-                          "ok": outcome.name == PROTECTED, "status": records, "event_check": events,
-                          "graph_check": graph if graph is not False else None}, indent=2, default=str))
+        result = dict(status, command="check", outcome=outcome.name, exit_code=outcome.exit_code,
+                      reason=outcome.reason, ok=outcome.name == PROTECTED, status=records, event_check=events,
+                      graph_check=graph if graph is not False else None)
+        print(json.dumps(result, indent=2, default=str))
         return outcome.exit_code
+    print(report.render_header(status))
     print(report.render_table(records))
     print()
     print(_ascii("\n".join(render_events(events))))

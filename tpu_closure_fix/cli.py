@@ -1,37 +1,40 @@
 """Command line: ``tpu-closure-fix`` / ``python -m tpu_closure_fix``."""
 import argparse
+import json
 import sys
 
 
 def _cmd_status(args):
+    """Every verdict about a fresh interpreter (this one, or ``--python``), started with the caller's
+    environment and flags: what a training script started there gets (:mod:`.verify.fresh`)."""
     from . import report
+    from .verify import fresh
 
-    failures = report.import_installed_sites() if not args.no_import else {}
-    records = report.status(import_errors=failures)
-    if args.json:
-        print(report.render_json(records))
+    if args.here:
+        payload, error = fresh.payload(fresh.facts_here()), None
     else:
-        print(report.render_table(records, show_all=args.all))
-        bad = report.unprotected(records)
-        if bad:
-            print("\nUNPROTECTED: %d installed affected site(s) run the buggy code." % len(bad))
-        else:
-            print("\nOK: every installed affected site is patched, guarded or fixed upstream.")
-        print(_sync_check_line())
-    return 1 if report.unprotected(records) else 0
+        payload, error = fresh.run_status(python=args.python)
+    result = report.status_json(payload, error)
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True))
+        return result["exit_code"]
+    print(report.render_header(result))
+    if payload and "records" in payload:
+        print(report.render_table(payload["records"], show_all=args.all))
+    print("\n" + result["reason"])
+    if result["sync_check"]:
+        print(result["sync_check"])
+    return result["exit_code"]
 
 
-def _sync_check_line():
-    """Whether the zero-code SyncCheck is armed here; its module is only imported when its variable is set."""
+def existing_python(text):
+    """An ``argparse`` type: the path of an executable interpreter."""
     import os
 
-    from .config import SYNC_CHECK_VAR
-
-    if not os.environ.get(SYNC_CHECK_VAR):
-        return "zero-code sync check: off (%s unset)" % SYNC_CHECK_VAR
-    from .synccheck import hook
-
-    return hook.status_line()
+    if not (os.path.isfile(text) and os.access(text, os.X_OK)):
+        raise argparse.ArgumentTypeError("%s is not an executable file (give the python of an environment, e.g. "
+                                         "/path/to/venv/bin/python)" % text)
+    return text
 
 
 def build_parser():
@@ -41,13 +44,18 @@ def build_parser():
                     "Trainer, Lite/Fabric, Hugging Face accelerate, optimum-neuron on AWS Trainium, plain "
                     "torch_xla loops) at run time; report and check it.",
     )
+    from .__about__ import __version__
+
+    parser.add_argument("--version", action="version", version="tpu-closure-fix %s" % __version__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    status = sub.add_parser("status", help="one line per known call site: release and verdict "
-                                          "(exit 1 if an installed affected site is unpatched)")
+    status = sub.add_parser("status", help="what a fresh interpreter gets: start-up hook, one line per known call "
+                                          "site with its release and verdict; exit 0 protected or nothing to "
+                                          "protect, 1 unprotected, 3 could not verify")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.add_argument("--all", action="store_true", help="also list sites that are not installed")
-    status.add_argument("--no-import", action="store_true",
-                        help="do not import the installed call-site modules first (report what is loaded)")
+    status.add_argument("--python", metavar="PATH", type=existing_python,
+                        help="ask about another interpreter (e.g. the venv a job uses; default: this one)")
+    status.add_argument("--here", action="store_true", help=argparse.SUPPRESS)  # this process (test doubles)
     status.set_defaults(func=_cmd_status)
     from . import check, launcher
     from .integrations.lightning import demo
@@ -66,7 +74,28 @@ def main(argv=None):
         return 2
     import tpu_closure_fix  # noqa: F401  (importing it activates the shim, as in a user's script)
 
-    return args.func(args)
+    if args.command not in ("status", "check"):
+        return args.func(args)
+    _sigterm_unwinds()
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:  # the children are ended on the way out (verify.child.run_children)
+        sys.stderr.write("tpu-closure-fix %s: interrupted\n" % args.command)
+        return 130
+
+
+def _sigterm_unwinds():
+    """SIGTERM raises SystemExit(143) in ``status`` and ``check``, so the children they started are ended
+    on the way out, as on Ctrl-C (by default SIGTERM kills the process where it stands)."""
+    import signal
+
+    def unwind(signum, frame):
+        raise SystemExit(128 + signum)
+
+    try:
+        signal.signal(signal.SIGTERM, unwind)
+    except ValueError:  # not the main thread: leave it
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,4 @@
-"""status(): one record per known call site, computed from live objects."""
+"""status(): one record per known call site, computed from live objects; the status outcome."""
 import importlib.util
 import json
 import sys
@@ -151,3 +151,99 @@ def render_table(records, show_all=False):
 
 def render_json(records):
     return json.dumps(records, indent=2, sort_keys=True)
+
+
+# --------------------------------------------------------------------------- the outcome of `status`
+PROTECTED, NOTHING_TO_PROTECT, UNPROTECTED, NOT_VERIFIED = ("protected", "nothing to protect", "unprotected",
+                                                            "could not verify")
+#: Every outcome of ``status`` and ``check`` with its exit code.
+EXIT_CODES = {PROTECTED: 0, NOTHING_TO_PROTECT: 0, UNPROTECTED: 1, NOT_VERIFIED: 3}
+#: The version of the JSON object ``status --json`` and ``check --json`` print (docs/cli.md).
+JSON_SCHEMA = 1
+
+
+def installed(records):
+    """Records of sites installed in the release at hand."""
+    return [r for r in records if r["verdict"] not in (engine.NOT_INSTALLED, engine.ABSENT)]
+
+
+def _site(record):
+    return "%s:%s" % (record["module"], record["method"])
+
+
+def startup_gap(payload):
+    """Why a training script started in the fresh interpreter runs installed sites unpatched although the
+    shim would patch them once imported (its start-up hook does not run there), or None."""
+    from .verify import fresh
+
+    active, why = fresh.startup_hook(payload["facts"])
+    if active is None:  # not asked
+        return None
+    # switched off, the sites' own records say so ("disabled"): that is the reason to give
+    needing = [r for r in installed(payload["records"]) if r["verdict"] not in (engine.FIXED_UPSTREAM, engine.DISABLED)]
+    if active or not needing:
+        return None
+    return ("the start-up hook does not run in %s (%s): a training script that does not import tpu_closure_fix "
+            "runs %d affected site(s) unpatched (%s). Fix: %s." % (payload["facts"].get("executable"), why,
+                                                                   len(needing), _some(_site(r) for r in needing),
+                                                                   fresh.FIX))
+
+
+def _some(names, shown=3):
+    names = list(names)
+    return ", ".join(names[:shown]) + (" and %d more" % (len(names) - shown) if len(names) > shown else "")
+
+
+def status_outcome(payload, error=None):
+    """``(outcome, exit code, reason)`` of ``status`` from the fresh interpreter's payload
+    (:func:`tpu_closure_fix.verify.fresh.run_status`). The first rule that applies decides."""
+    def outcome(name, reason):
+        return name, EXIT_CODES[name], reason
+
+    # 1. The fresh interpreter gave no records: nothing is known about it.
+    if payload is None or "records" not in payload:
+        why = error or (payload or {}).get("facts", {}).get("error") or "no report"
+        return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s." % why)
+    python = payload["facts"].get("executable")
+    sites = installed(payload["records"])
+    # 2. No site the shim covers is installed: said as such, never "protected".
+    if not sites:
+        return outcome(NOTHING_TO_PROTECT, "NOTHING TO PROTECT: no framework or torch_xla release the shim covers "
+                                           "is installed for %s." % python)
+    # 3. The start-up hook does not run there: a script that does not import the shim runs the sites
+    #    that need it unpatched, whatever the shim would do once imported.
+    gap = startup_gap(payload)
+    if gap:
+        return outcome(UNPROTECTED, "UNPROTECTED: " + gap)
+    # 4. An installed site runs the buggy code.
+    bad = unprotected(sites)
+    if bad:
+        return outcome(UNPROTECTED, "UNPROTECTED: %d installed affected site(s) run the buggy code: %s." % (
+            len(bad), "; ".join("%s (%s%s)" % (_site(r), r["verdict"], ": " + r["reason"] if r["reason"] else "")
+                                for r in bad)))
+    # 5. Every installed site is patched, guarded or fixed upstream.
+    return outcome(PROTECTED, "PROTECTED: every installed affected site is patched, guarded or fixed upstream "
+                              "(%d site(s)); start-up hook active." % len(sites))
+
+
+def status_json(payload, error=None):
+    """The one object ``status --json`` prints (schema :data:`JSON_SCHEMA`, see docs/cli.md)."""
+    from .verify import fresh
+
+    name, code, reason = status_outcome(payload, error)
+    facts = (payload or {}).get("facts") or {}
+    active, why = fresh.startup_hook(facts) if facts else (None, error)
+    return {"schema": JSON_SCHEMA, "command": "status", "outcome": name, "exit_code": code, "reason": reason,
+            "python": {"executable": facts.get("executable"), "version": facts.get("version"),
+                       "flags": facts.get("flags")},
+            "startup_hook": {"active": active, "reason": why},
+            "shim_version": (payload or {}).get("shim_version"), "shim_path": (payload or {}).get("shim_path"),
+            "sync_check": (payload or {}).get("sync_check"), "sites": (payload or {}).get("records") or []}
+
+
+def render_header(result):
+    """The first line of ``status`` and ``check``: which interpreter was asked, and its start-up hook."""
+    python, hook = result["python"], result["startup_hook"]
+    state = "unknown" if hook["active"] is None else "active" if hook["active"] else "INACTIVE"
+    return _cell("python: %s (%s); start-up hook: %s%s" % (python["executable"] or "?", python["version"] or "?",
+                                                            state, " (%s)" % hook["reason"] if hook["reason"] else ""))

@@ -238,7 +238,7 @@ def _status(shim, *extra):
 
 
 def _accelerate_record(proc):
-    records = json.loads(proc.stdout[proc.stdout.index("["):])
+    records = json.loads(proc.stdout[proc.stdout.index("{"):])["sites"]
     rows = [r for r in records if r["module"] == "accelerate.optimizer"]
     assert len(rows) == 1, rows
     return rows[0]

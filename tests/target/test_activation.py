@@ -126,6 +126,55 @@ def bare_venv(tmp_path_factory, wheel):
     return python, site
 
 
+@pytest.fixture(scope="session")
+def target_install(tmp_path_factory, wheel):
+    """``pip install --target DIR`` of the wheel (with wrapt and packaging) for a venv that has no shim of its
+    own: the start-up ``.pth`` lands in DIR, which Python never reads start-up files from."""
+    root = tmp_path_factory.mktemp("target-install")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=300)
+    python = str(root / "venv" / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(site, "zz_base_venv.pth"), "w") as handle:  # torch, after the venv's own packages
+        handle.write(sysconfig.get_paths()["purelib"] + "\n")
+    folder = str(root / "target")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", folder, wheel, "wrapt", "packaging"],
+                   check=True, timeout=600)
+    return python, folder
+
+
+def status_json(python, probe_dir, pythonpath_extra=(), command="status"):
+    proc = subprocess.run([python, "-m", "tpu_closure_fix", command, "--json"] +
+                          (["--no-graph"] if command == "check" else []),
+                          env=probe_env(pythonpath_extra=pythonpath_extra), capture_output=True, text=True,
+                          timeout=600, cwd=str(probe_dir))
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("command", ["status", "check"])
+def test_a_target_install_is_unprotected_naming_the_reason_and_the_fix(target_install, probe_dir, command):
+    python, folder = target_install
+    code, out = status_json(python, probe_dir, pythonpath_extra=[folder], command=command)
+    assert (code, out["outcome"], out["exit_code"]) == (1, "unprotected", 1), out["reason"]
+    assert out["startup_hook"]["active"] is False
+    assert "imported from %s (a --target folder or a PYTHONPATH entry)" % folder in out["startup_hook"]["reason"]
+    assert "Fix: install tpu-closure-fix into the interpreter's site-packages" in out["reason"]
+    assert out["python"]["executable"] == python and out["shim_path"] == os.path.join(folder, "tpu_closure_fix")
+    # the fact behind the verdict: a script started there (no import of the shim) runs the sites unpatched
+    result, _ = run_probe(python, probe_dir, pythonpath_extra=[folder])
+    assert_unpatched(result)
+
+
+@pytest.mark.parametrize("command", ["status", "check"])
+def test_the_twin_in_site_packages_is_protected_with_the_hook_active(pth_venv, probe_dir, command):
+    python, _ = pth_venv
+    code, out = status_json(python, probe_dir, command=command)
+    assert (code, out["outcome"], out["exit_code"]) == (0, "protected", 0), out["reason"]
+    assert out["startup_hook"] == {"active": True, "reason": "armed at interpreter start by the start-up module"}
+    assert out["schema"] == 1 and out["shim_version"] and out["sites"]
+
+
 def test_wheel_ships_startup_files(pth_venv):
     _, site = pth_venv
     with open(os.path.join(site, "tpu_closure_fix.pth")) as handle:

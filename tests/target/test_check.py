@@ -35,7 +35,7 @@ def installed_rows():
     """Status records of the installed, protected sites whose method is their own (not inherited)."""
     proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", "status", "--json"], env=child_env(True),
                           capture_output=True, text=True, timeout=300, cwd=TESTS)
-    records = json.loads(proc.stdout)
+    records = json.loads(proc.stdout)["sites"]
     rows = {r.variant: r for r in sites.CALL_SITES}
     return {"%s:%s" % (r["module"], r["method"]): r for r in records
             if r["verdict"] in ("patched", "fixed upstream", "guarded") and r["variant"]

@@ -113,7 +113,7 @@ def status_records(root, shim):
     proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", "status", "--json"],
                           env=child_env(shim, path_first=[root]), capture_output=True, text=True, timeout=300,
                           cwd=TESTS)
-    return json.loads(proc.stdout[proc.stdout.index("["):]), proc
+    return json.loads(proc.stdout[proc.stdout.index("{"):])["sites"], proc
 
 
 def test_status_of_a_much_newer_release_with_the_same_code(tmp_path):

@@ -82,13 +82,13 @@ def test_status_records(log):
 def test_cli_status_exit_codes_and_json():
     enabled = run(["-m", "tpu_closure_fix", "status", "--json"], shim=True)
     assert enabled.returncode == 0, enabled.stdout + enabled.stderr[-2000:]
-    records = json.loads(enabled.stdout)
+    records = json.loads(enabled.stdout)["sites"]
     patched = [r for r in records if r["verdict"] == "patched"]
     assert patched
     # The twin: the same environment with the switch off is reported, and gated, as unprotected.
     disabled = run(["-m", "tpu_closure_fix", "status", "--json"], shim=False)
     assert disabled.returncode == 1
-    off = {(r["module"], r["method"]): r for r in json.loads(disabled.stdout)}
+    off = {(r["module"], r["method"]): r for r in json.loads(disabled.stdout)["sites"]}
     for r in patched:
         assert off[(r["module"], r["method"])]["verdict"] == "disabled"
         assert "TPU_CLOSURE_FIX=0" in off[(r["module"], r["method"])]["reason"]
@@ -102,7 +102,7 @@ def test_cli_table_via_console_script():
         args = [sys.executable, "-c", "import sys; from tpu_closure_fix.cli import main; sys.exit(main())", "status"]
     proc = subprocess.run(args, env=child_env(True), capture_output=True, text=True, timeout=300, cwd=TESTS)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "patched" in proc.stdout and "OK:" in proc.stdout
+    assert "patched" in proc.stdout and "\nPROTECTED: every installed affected site" in proc.stdout
 
 
 def test_unknown_release_is_left_untouched_and_reported():

@@ -266,7 +266,7 @@ def _status(shim):
     env.pop("TPU_CLOSURE_FIX_RESULTS", None)
     proc = subprocess.run([sys.executable, "-m", "support.neuron_status", "--json"], env=env, cwd=TESTS, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
-    records = json.loads(proc.stdout[proc.stdout.index("["):])
+    records = json.loads(proc.stdout[proc.stdout.index("{"):])["sites"]
     rows = [r for r in records if r["module"] == "optimum.neuron.accelerate.optimizer"]
     assert len(rows) == 1, rows
     return proc, rows[0]

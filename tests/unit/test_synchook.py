@@ -447,11 +447,11 @@ def test_run_refuses_bad_values_with_the_accepted_ones(argv, capsys):
 
 
 def test_status_line(monkeypatch):
-    from tpu_closure_fix import cli
+    from tpu_closure_fix.verify import fresh
 
     monkeypatch.delenv("TPU_CLOSURE_FIX_SYNC_CHECK", raising=False)
-    assert cli._sync_check_line() == "zero-code sync check: off (TPU_CLOSURE_FIX_SYNC_CHECK unset)"
+    assert fresh._sync_check_line() == "zero-code sync check: off (TPU_CLOSURE_FIX_SYNC_CHECK unset)"
     monkeypatch.setenv("TPU_CLOSURE_FIX_SYNC_CHECK", "30")
-    assert cli._sync_check_line().startswith("zero-code sync check: NOT armed although TPU_CLOSURE_FIX_SYNC_CHECK=30")
+    assert fresh._sync_check_line().startswith("zero-code sync check: NOT armed although TPU_CLOSURE_FIX_SYNC_CHECK=30")
     synchook.arm_from_environment()
-    assert cli._sync_check_line().startswith("zero-code sync check: armed, every 30 optimizer steps")
+    assert fresh._sync_check_line().startswith("zero-code sync check: armed, every 30 optimizer steps")

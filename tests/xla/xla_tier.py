@@ -41,7 +41,7 @@ with contextlib.redirect_stdout(out):
         runpy.run_module("tpu_closure_fix", run_name="__main__")
     except SystemExit:
         pass
-print(%r + json.dumps({"torch_xla": version("torch_xla"), "status": json.loads(out.getvalue())}))
+print(%r + json.dumps({"torch_xla": version("torch_xla"), "status": json.loads(out.getvalue())["sites"]}))
 """ % RESULT_MARK
 
 

@@ -130,17 +130,26 @@ def run_children(commands, timeout, env=None, cwd=None, marker=RESULT_MARK, resu
     if not (len(envs) == len(files) == len(commands)):
         raise ValueError("commands, env and result_files must have the same length")
     deadline = time.monotonic() + timeout
-    started = [_start(list(argv), child_env, cwd, index, on_line) for index, (argv, child_env)
-               in enumerate(zip(commands, envs))]
-    runs = []
-    for (argv, proc, readers, start), result_file in zip(started, files):
-        timed_out = not _wait_then_end_group(proc, deadline)
-        for reader in readers:
-            reader.join(timeout=30)
-        stdout, stderr = "".join(readers[0].chunks), "".join(readers[1].chunks)
-        runs.append(_describe(argv, proc.returncode, stdout, stderr, time.monotonic() - start, timed_out, timeout,
-                              marker, result_file))
-    return runs
+    started = []
+    try:
+        for index, (argv, child_env) in enumerate(zip(commands, envs)):
+            started.append(_start(list(argv), child_env, cwd, index, on_line))
+        runs = []
+        for (argv, proc, readers, start), result_file in zip(started, files):
+            timed_out = not _wait_then_end_group(proc, deadline)
+            for reader in readers:
+                reader.join(timeout=30)
+            stdout, stderr = "".join(readers[0].chunks), "".join(readers[1].chunks)
+            runs.append(_describe(argv, proc.returncode, stdout, stderr, time.monotonic() - start, timed_out,
+                                  timeout, marker, result_file))
+        return runs
+    except BaseException:
+        # Ctrl-C (KeyboardInterrupt), SIGTERM turned into SystemExit, any error: the children run in sessions
+        # of their own, so no terminal signal reaches them: end every group started, then go on unwinding
+        for _, proc, _, _ in started:
+            _kill_group(proc)
+            proc.wait()
+        raise
 
 
 class _Reader(threading.Thread):

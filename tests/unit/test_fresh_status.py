@@ -1,0 +1,265 @@
+"""``status`` and ``check`` answer for a fresh interpreter, not for themselves.
+
+The rules of :func:`tpu_closure_fix.verify.fresh.startup_hook` (is the shim armed when a script starts
+there, and why not), of :func:`tpu_closure_fix.report.status_outcome` (one outcome, one exit code) and the
+two rules ``check.decide`` takes from them, each with its neighbours; then the real thing: a fresh
+interpreter asked, the caller's flags reaching it, the JSON object against docs/status.schema.json,
+``--version``, and Ctrl-C / SIGTERM ending the children. Target tests (tests/target/test_activation.py)
+run a real ``pip install --target`` against a framework.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from tpu_closure_fix import check, report
+from tpu_closure_fix.verify import fresh
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SITE = "/venv/lib/python3.11/site-packages"
+
+
+def facts(**changes):
+    """The facts of an interpreter whose start-up module armed the watcher (the normal install)."""
+    base = {"executable": "/venv/bin/python", "version": "3.11.7", "startup_loaded": True, "startup_armed": True,
+            "shim_at_start": False, "switch": None,
+            "flags": {"no_site": False, "isolated": False, "ignore_environment": False, "no_user_site": False},
+            "shim_origin": SITE + "/tpu_closure_fix/__init__.py", "site_dirs": [SITE], "pth_in": [SITE]}
+    base.update(changes)
+    return base
+
+
+def unarmed(**changes):
+    return facts(startup_loaded=False, startup_armed=False, **changes)
+
+
+# --------------------------------------------------------------------------- startup_hook, rule by rule
+@pytest.mark.parametrize("given, active, says", [
+    # 0. status --here: not asked
+    (facts(here=True), None, "not asked"),
+    # 1. switched off (the module is loaded, arms nothing); an unknown value is the default, on
+    (facts(startup_armed=False, switch="0"), False, "TPU_CLOSURE_FIX=0 switches the shim off"),
+    (facts(switch=" OFF "), False, "switches the shim off"),
+    (facts(switch="maybe"), True, "armed at interpreter start by the start-up module"),
+    # 2. armed, or imported at start by a start-up file
+    (facts(), True, "armed at interpreter start by the start-up module"),
+    (unarmed(shim_at_start=True), True, "a start-up file importing tpu_closure_fix"),
+    # 3. -S
+    (unarmed(flags={"no_site": True}), False, "python -S"),
+    # 4. not installed for that interpreter
+    (unarmed(shim_origin=None), False, "tpu_closure_fix is not installed for /venv/bin/python"),
+    # 5. a --target folder / PYTHONPATH entry
+    (unarmed(shim_origin="/opt/deps/tpu_closure_fix/__init__.py", pth_in=[]), False,
+     "imported from /opt/deps (a --target folder or a PYTHONPATH entry)"),
+    # 6. in site-packages without its .pth; the user site under -I/-s; anything else, said as unknown
+    (unarmed(pth_in=[]), False, "tpu_closure_fix.pth is missing from " + SITE),
+    (unarmed(flags={"isolated": True}), False, "python -I/-s"),
+    (unarmed(), False, "the start-up module was not armed"),
+])
+def test_startup_hook_rules(given, active, says):
+    got_active, reason = fresh.startup_hook(given)
+    assert got_active is active and says in reason, reason
+
+
+def test_caller_flags_pass_on_what_changes_a_start_up():
+    def flags(**on):
+        names = ("isolated", "ignore_environment", "no_user_site", "no_site")
+        return SimpleNamespace(**dict({n: 0 for n in names}, **on))
+
+    assert fresh.caller_flags(flags()) == []
+    assert fresh.caller_flags(flags(isolated=1, ignore_environment=1, no_user_site=1)) == ["-I"]
+    assert fresh.caller_flags(flags(ignore_environment=1, no_user_site=1)) == ["-E", "-s"]
+    assert fresh.caller_flags(flags(no_site=1)) == ["-S"]
+
+
+# --------------------------------------------------------------------------- status_outcome, rule by rule
+def record(verdict, module="lightning_fabric.plugins.precision.xla", method="XLAPrecision.optimizer_step",
+           reason=""):
+    return {"distribution": "lightning-fabric", "release": "2.6.6", "module": module, "method": method,
+            "verdict": verdict, "reason": reason, "variant": None}
+
+
+def payload(records, **fact_changes):
+    return {"facts": facts(**fact_changes), "records": records, "shim_version": "0.1.0", "shim_path": "/x",
+            "sync_check": None}
+
+
+def test_status_without_a_report_could_not_verify():
+    assert report.status_outcome(None, "boom")[:2] == ("could not verify", 3)
+    failed = {"facts": facts(error="ImportError: wrapt")}
+    assert report.status_outcome(failed) == ("could not verify", 3, "COULD NOT VERIFY: ImportError: wrapt.")
+
+
+def test_status_with_nothing_installed_says_so_and_exits_0():
+    name, code, reason = report.status_outcome(payload([record("not installed"), record("not in this release")]))
+    assert (name, code) == ("nothing to protect", 0) and reason.startswith("NOTHING TO PROTECT: ")
+    # the neighbour: one installed site makes it a verdict about that site
+    assert report.status_outcome(payload([record("patched"), record("not installed")]))[0] == "protected"
+
+
+def test_status_with_the_hook_inactive_is_unprotected_naming_why_and_the_fix():
+    target = dict(startup_armed=False, shim_origin="/opt/deps/tpu_closure_fix/__init__.py", pth_in=[])
+    name, code, reason = report.status_outcome(payload([record("patched")], **target))
+    assert (name, code) == ("unprotected", 1)
+    assert "the start-up hook does not run in /venv/bin/python (tpu_closure_fix is imported from /opt/deps" in reason
+    assert "runs 1 affected site(s) unpatched" in reason and "Fix: install tpu-closure-fix into" in reason
+    # fixed upstream needs no shim: the same interpreter is protected
+    assert report.status_outcome(payload([record("fixed upstream")], **target))[0] == "protected"
+    # switched off: the records say "disabled" (rule 4), not a start-up fix
+    off = report.status_outcome(payload([record("disabled", reason="TPU_CLOSURE_FIX=0")], switch="0",
+                                        startup_armed=False))
+    assert off[:2] == ("unprotected", 1) and "(disabled: TPU_CLOSURE_FIX=0)" in off[2] and "Fix:" not in off[2]
+
+
+def test_status_with_a_buggy_site_is_unprotected_and_with_none_protected():
+    bad = report.status_outcome(payload([record("patched"), record("skipped", method="Other.step",
+                                                                    reason="unknown release 9.9")]))
+    assert bad[:2] == ("unprotected", 1) and "Other.step (skipped: unknown release 9.9)" in bad[2]
+    good = report.status_outcome(payload([record("patched"), record("guarded"), record("fixed upstream")]))
+    assert good == ("protected", 0, "PROTECTED: every installed affected site is patched, guarded or fixed "
+                                    "upstream (3 site(s)); start-up hook active.")
+
+
+# --------------------------------------------------------------------------- check.decide's two rules from them
+def test_check_with_nothing_installed_is_nothing_to_protect_exit_0():
+    out = check.decide([], {"sites": [], "untested": []}, None, installed=0)
+    assert (out.name, out.exit_code) == ("nothing to protect", 0)
+    # neighbours: not knowing how many are installed, or a graph check asked for that could not start,
+    # stay "could not verify"
+    assert check.decide([], {"sites": [], "untested": []}, None).exit_code == 3
+    assert check.decide([], {"sites": [], "untested": []}, None, "--xla-python X cannot import torch_xla",
+                        installed=0).exit_code == 3
+
+
+def test_check_with_a_start_up_gap_is_unprotected_before_anything_else():
+    events = {"sites": [{"site": "m:C.step", "ok": True, "verdict": "patched", "events": []}]}
+    out = check.decide([], events, None, installed=1, startup_gap="the start-up hook does not run in X")
+    assert (out.name, out.exit_code, out.reason) == ("unprotected", 1,
+                                                     "UNPROTECTED: the start-up hook does not run in X")
+    assert check.decide([], events, None, installed=1).name == "protected"  # the twin: no gap
+
+
+# --------------------------------------------------------------------------- a real fresh interpreter
+def test_this_interpreter_asked_fresh_reports_its_own_start_up():
+    got, error = fresh.run_status(flags=[])
+    assert error is None and got["facts"]["executable"] == sys.executable
+    assert got["facts"]["flags"]["isolated"] is False and "records" in got
+    assert got["facts"]["shim_at_start"] is False  # asked before anything imported the shim there
+
+
+def test_the_caller_flags_reach_the_fresh_interpreter():
+    got, error = fresh.run_status(flags=["-I"])
+    assert error is None, error
+    assert got["facts"]["flags"]["isolated"] is True and got["facts"]["flags"]["ignore_environment"] is True
+
+
+def test_the_switch_of_the_caller_reaches_the_fresh_interpreter(monkeypatch):
+    monkeypatch.setenv("TPU_CLOSURE_FIX", "0")
+    got, error = fresh.run_status(flags=[])
+    assert error is None and got["facts"]["switch"] == "0"
+    assert fresh.startup_hook(got["facts"]) == (False, "TPU_CLOSURE_FIX=0 switches the shim off")
+
+
+def _validate(value, schema, where="$"):
+    """The part of JSON Schema docs/status.schema.json uses: type, const, enum, required, properties, items."""
+    kinds = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+    if "const" in schema:
+        assert value == schema["const"], where
+    if "enum" in schema:
+        assert value in schema["enum"], (where, value)
+    if "type" in schema:
+        names = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
+        assert any(isinstance(value, kinds[n]) for n in names), (where, value, names)
+    for key in schema.get("required", []):
+        assert key in value, (where, key)
+    for key, sub in schema.get("properties", {}).items():
+        if isinstance(value, dict) and key in value:
+            _validate(value[key], sub, "%s.%s" % (where, key))
+    if "items" in schema and isinstance(value, list):
+        for i, item in enumerate(value):
+            _validate(item, schema["items"], "%s[%d]" % (where, i))
+
+
+def cli(*args, **kwargs):
+    env = dict(os.environ, PYTHONPATH=REPO)
+    env.update(kwargs.pop("env", {}))
+    return subprocess.run([sys.executable, "-m", "tpu_closure_fix"] + list(args), env=env, capture_output=True,
+                          text=True, timeout=600, cwd=kwargs.pop("cwd", REPO), **kwargs)
+
+
+def test_status_json_is_one_object_of_the_documented_schema():
+    with open(os.path.join(REPO, "docs", "status.schema.json")) as handle:
+        schema = json.load(handle)
+    proc = cli("status", "--json")
+    out = json.loads(proc.stdout)
+    _validate(out, schema)
+    assert out["exit_code"] == proc.returncode == 0 and out["outcome"] == "nothing to protect"
+    assert out["command"] == "status" and out["python"]["executable"] == sys.executable
+    # the validator can fail: a bare list (the old shape), a wrong outcome
+    with pytest.raises(AssertionError):
+        _validate(out["sites"], schema)
+    with pytest.raises(AssertionError):
+        _validate(dict(out, outcome="OK"), schema)
+
+
+def test_version():
+    from tpu_closure_fix.__about__ import __version__
+
+    proc = cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == "tpu-closure-fix %s" % __version__
+
+
+def _children_of(pid):
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open("/proc/%s/stat" % entry) as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads the process table from /proc")
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_status_ends_its_child(tmp_path, sig, code):
+    """``--python`` names a stand-in interpreter that never answers (it sleeps): the fresh interpreter's
+    place. Ctrl-C (SIGINT) or SIGTERM to ``status`` ends it; before, the child lived on in its own session."""
+    slow = tmp_path / "python"
+    slow.write_text("#!/bin/sh\nexec sleep 300\n")
+    slow.chmod(0o755)
+    parent = subprocess.Popen([sys.executable, "-m", "tpu_closure_fix", "status", "--python", str(slow)],
+                              env=dict(os.environ, PYTHONPATH=REPO), cwd=str(tmp_path), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, children = time.monotonic() + 120, []
+        while not children and time.monotonic() < deadline:
+            children = _children_of(parent.pid)
+            time.sleep(0.1)
+        assert children, "status started no child"
+        time.sleep(0.5)  # the child is the sleeping stand-in by now (exec)
+        parent.send_signal(sig)
+        _, err = parent.communicate(timeout=60)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    assert parent.returncode == code, err
+    assert [pid for pid in children if _alive(pid)] == []
+    if sig == signal.SIGINT:
+        assert "tpu-closure-fix status: interrupted" in err and "Traceback" not in err

@@ -1,0 +1,191 @@
+"""What a fresh interpreter of the environment does: the facts ``status`` and ``check`` report.
+
+A verdict is about the interpreter that will train, never about the checking process: the checking
+process may have imported the shim itself (``tpu-closure-fix`` does), while a training script started as
+``python train.py`` gets the shim only from the start-up hook (the ``tpu_closure_fix.pth`` file in
+site-packages, or a ``sitecustomize``). So :func:`run_status` starts a fresh interpreter -- this one by
+default, or ``--python PATH`` -- with the caller's environment and interpreter flags (``-E``, ``-s``,
+``-I``, ``-S``), and the child reports:
+
+1. before it imports anything: whether the start-up module is loaded and armed, where ``tpu_closure_fix``
+   would be imported from, which site directories hold the ``.pth`` file, the interpreter's flags;
+2. then, importing the shim as the start-up hook would (or, when that interpreter cannot import it, this
+   process's copy, only to read the call-site table), every site's record (:func:`tpu_closure_fix.report.status`).
+
+:func:`startup_hook` turns the facts of (1) into "active" or "inactive, because ...", one numbered rule
+at a time. The child never searches the working directory (:func:`.child.python_code`).
+"""
+import os
+import sys
+
+from . import child
+
+#: The start-up file pip puts into site-packages (see pyproject.toml).
+PTH = "tpu_closure_fix.pth"
+
+#: How long the fresh interpreter may take: it imports every installed framework.
+TIMEOUT = 600.0
+
+# The child's first statements: nothing imported from sys.path before the start-up facts are read.
+_FACTS = r"""
+import os
+_w = sys.modules.get("_tpu_closure_fix_startup")
+facts = {"executable": sys.executable, "version": "%d.%d.%d" % tuple(sys.version_info[:3]),
+         "startup_loaded": _w is not None, "startup_armed": _w is not None and any(f is _w for f in sys.meta_path),
+         "shim_at_start": "tpu_closure_fix" in sys.modules, "switch": os.environ.get("TPU_CLOSURE_FIX"),
+         "flags": {"no_site": bool(sys.flags.no_site), "isolated": bool(getattr(sys.flags, "isolated", 0)),
+                   "ignore_environment": bool(sys.flags.ignore_environment),
+                   "no_user_site": bool(sys.flags.no_user_site)}}
+import importlib.util
+_spec = importlib.util.find_spec("tpu_closure_fix")
+facts["shim_origin"] = _spec.origin if _spec is not None else None
+import site
+_dirs = list(getattr(site, "getsitepackages", lambda: [])())
+if site.ENABLE_USER_SITE:
+    _dirs.append(site.getusersitepackages())
+facts["site_dirs"] = _dirs
+facts["pth_in"] = [d for d in _dirs if os.path.isfile(os.path.join(d, __PTH__))]
+"""
+
+# Then: the shim (the interpreter's own, else this process's copy, last on the path) lists every site.
+_REPORT = r"""
+if _spec is None:
+    sys.path.extend(__FALLBACK__)
+try:
+    from tpu_closure_fix.verify import fresh as _fresh
+    _fresh.child_main(facts)
+except Exception as exc:
+    import json
+    facts["error"] = "%s: %s" % (type(exc).__name__, exc)
+    sys.stdout.write(__MARKER__ + json.dumps({"facts": facts}) + "\n")
+"""
+
+
+def facts_here():
+    """The facts of this very process, for ``status --here``: a harness that installed test doubles for
+    torch_xla or the Neuron SDK in its own process (a fresh interpreter would not have them). Its start-up
+    hook is not asked about (``here``)."""
+    namespace = {"sys": sys}
+    exec(_FACTS.replace("__PTH__", repr(PTH)), namespace)  # the same statements as the child's
+    facts = namespace["facts"]
+    facts["here"] = True
+    return facts
+
+
+def caller_flags(flags=None):
+    """The interpreter flags of this process that change what a start-up reads: ``-I`` (which implies
+    ``-E`` and ``-s``), else ``-E`` and ``-s``; and ``-S``."""
+    flags = flags or sys.flags
+    out = []
+    if getattr(flags, "isolated", 0):
+        out.append("-I")
+    else:
+        if flags.ignore_environment:
+            out.append("-E")
+        if flags.no_user_site:
+            out.append("-s")
+    if flags.no_site:
+        out.append("-S")
+    return out
+
+
+def _fallback_path():
+    """Folders holding this process's tpu_closure_fix, wrapt and packaging: appended (last) to the path of a
+    child that cannot import the shim itself, so that it can still read the call-site table."""
+    folders = []
+    for name in ("tpu_closure_fix", "wrapt", "packaging"):
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        if path:
+            folder = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+            if folder not in folders:
+                folders.append(folder)
+    return folders
+
+
+def command(python=None, flags=None):
+    """The fresh interpreter's command line."""
+    code = (_FACTS + _REPORT).replace("__PTH__", repr(PTH)).replace("__FALLBACK__", repr(_fallback_path())) \
+        .replace("__MARKER__", repr(child.RESULT_MARK))
+    argv = child.python_code(code, python=python)
+    return argv[:1] + (caller_flags() if flags is None else list(flags)) + argv[1:]
+
+
+def run_status(python=None, flags=None, timeout=TIMEOUT):
+    """``(payload, error)``: the fresh interpreter's facts and records, or None and why it failed."""
+    run = child.run_child(command(python, flags), timeout, env=child.safe_environment())
+    if run.payload is None:
+        return None, "%s could not report: %s" % (python or sys.executable, run.error or run.stderr_tail())
+    return run.payload, None
+
+
+def child_main(facts):
+    """In the fresh interpreter, after the facts: import the shim, list every site, print the payload."""
+    child.emit(payload(facts))
+
+
+def payload(facts):
+    """The facts with every site's record, as this process (importing every installed site module) sees it."""
+    import tpu_closure_fix
+    from tpu_closure_fix import report
+    from tpu_closure_fix.__about__ import __version__
+
+    failures = report.import_installed_sites()
+    records = report.status(import_errors=failures)
+    return {"facts": facts, "records": records, "shim_version": __version__,
+            "shim_path": os.path.dirname(os.path.abspath(tpu_closure_fix.__file__)), "sync_check": _sync_check_line()}
+
+
+def _sync_check_line():
+    """Whether the zero-code SyncCheck is armed; its module is only imported when its variable is set."""
+    from ..config import SYNC_CHECK_VAR
+
+    if not os.environ.get(SYNC_CHECK_VAR):
+        return "zero-code sync check: off (%s unset)" % SYNC_CHECK_VAR
+    from ..synccheck import hook
+
+    return hook.status_line()
+
+
+def startup_hook(facts):
+    """``(active, reason)``: does a script started in that interpreter get the shim at start, and why
+    (not)? ``active`` is None when not asked. The first rule that applies decides."""
+    from ..config import parse_switch, show_value
+
+    flags = facts.get("flags") or {}
+    origin = facts.get("shim_origin")
+    # 0. Not asked: ``status --here`` reports the process it runs in.
+    if facts.get("here"):
+        return None, "not asked (status --here reports this process, which imported tpu_closure_fix)"
+    # 1. Switched off: the start-up module is read but arms nothing.
+    if not parse_switch(facts.get("switch"))[0]:
+        return False, "TPU_CLOSURE_FIX=%s switches the shim off" % show_value(facts.get("switch"))
+    # 2. Armed at start (the .pth or a sitecustomize), or the shim already imported at start.
+    if facts.get("startup_armed") or facts.get("shim_at_start"):
+        return True, "armed at interpreter start by %s" % ("the start-up module" if facts.get("startup_armed")
+                                                           else "a start-up file importing tpu_closure_fix")
+    # 3. -S: no start-up file of site-packages is read.
+    if flags.get("no_site"):
+        return False, "python -S: the interpreter reads no start-up file of site-packages"
+    # 4. Not installed for that interpreter at all.
+    if origin is None:
+        return False, "tpu_closure_fix is not installed for %s" % facts.get("executable")
+    # 5. Installed outside every site directory: a --target folder or a PYTHONPATH entry.
+    package_root = os.path.dirname(os.path.dirname(origin))
+    site_dirs = [os.path.abspath(d) for d in facts.get("site_dirs") or []]
+    if os.path.abspath(package_root) not in site_dirs:
+        return False, ("tpu_closure_fix is imported from %s (a --target folder or a PYTHONPATH entry), and Python "
+                       "reads start-up .pth files only from site-packages: nothing imports it at interpreter "
+                       "start" % package_root)
+    # 6. In site-packages, but its start-up file is missing or was not read.
+    if not facts.get("pth_in"):
+        return False, "%s is missing from %s (installed without its start-up files?)" % (PTH, package_root)
+    if flags.get("isolated") or flags.get("no_user_site"):
+        return False, "python -I/-s: the user site-packages holding %s is not read" % PTH
+    return False, "%s is in %s but the start-up module was not armed" % (PTH, ", ".join(facts["pth_in"]))
+
+
+#: What to do when the start-up hook is not active.
+FIX = ("install tpu-closure-fix into the interpreter's site-packages (pip install tpu-closure-fix, without "
+       "--target), or add `import tpu_closure_fix` at the top of the training script, or start it with "
+       "`tpu-closure-fix run -- python train.py`")
