@@ -159,7 +159,7 @@ def _untested(events, graph):
     return entries
 
 
-def decide(unprotected, events, graph, graph_unavailable=None, installed=None, startup_gap=None):
+def decide(unprotected, events, graph, graph_unavailable=None, installed=None, startup_gap=None, uncovered=None):
     """The outcome of a check.
 
     ``unprotected``: status records of installed sites that run the buggy code (a site whose module failed
@@ -168,7 +168,8 @@ def decide(unprotected, events, graph, graph_unavailable=None, installed=None, s
     run (``False``: not asked for); ``graph_unavailable``: why a graph check that was asked for
     could not start, or None; ``installed``: how many call sites the fresh interpreter has installed
     (None: not known); ``startup_gap``: why its start-up hook leaves installed sites unpatched, or None
-    (:func:`tpu_closure_fix.report.startup_gap`).
+    (:func:`tpu_closure_fix.report.startup_gap`); ``uncovered``: why an installed framework's XLA
+    optimizer step has no row, or None (:func:`tpu_closure_fix.report.uncovered_reason`).
     """
     from .report import import_failed
 
@@ -182,16 +183,19 @@ def decide(unprotected, events, graph, graph_unavailable=None, installed=None, s
     # 2. A site runs the buggy code, or a self-test saw the buggy order.
     if reasons:
         return Outcome(UNPROTECTED, EXIT_CODES[UNPROTECTED], "UNPROTECTED: " + _first_and_more(reasons) + ".")
+    # 3. An installed framework holds an XLA optimizer step no row covers: no verdict on it.
+    if uncovered:
+        return Outcome(NOT_VERIFIED, EXIT_CODES[NOT_VERIFIED], "COULD NOT VERIFY: " + uncovered)
     reasons = _not_verified_reasons(events, graph, graph_unavailable, import_failures)
-    # 3. Nothing failed, and nothing the shim covers is installed: said as such, not as a failed check.
+    # 4. Nothing failed, and nothing the shim covers is installed: said as such, not as a failed check.
     if installed == 0 and reasons == [NOTHING_INSTALLED]:
         return Outcome(NOTHING_TO_PROTECT, EXIT_CODES[NOTHING_TO_PROTECT],
                        "NOTHING TO PROTECT: no framework or torch_xla release the shim covers is installed here.")
-    # 4. A self-test or an import failed, or a site has no self-test and nothing else was tested.
+    # 5. A self-test or an import failed, or a site has no self-test and nothing else was tested.
     if reasons:
         return Outcome(NOT_VERIFIED, EXIT_CODES[NOT_VERIFIED],
                        "COULD NOT VERIFY: %s. What you can do: %s." % (_first_and_more(reasons), _WHAT_TO_DO))
-    # 5. Protected: every installed site patched, guarded or fixed upstream, and every self-test right.
+    # 6. Protected: every installed site patched, guarded or fixed upstream, and every self-test right.
     untested = _untested(events, graph)
     # Each site once, whichever self-test saw it: the graph child may import what this process has
     # not (the torch_xla guard is only patched where torch_xla is imported).
@@ -247,7 +251,7 @@ def run(args):
     events = eventcheck.run_event_check(timeout=args.timeout)
     graph, graph_unavailable = _run_graph(args)
     outcome = decide(unprotected, events, graph, graph_unavailable, installed=len(report.installed(records)),
-                     startup_gap=report.startup_gap(payload))
+                     startup_gap=report.startup_gap(payload), uncovered=report.uncovered_reason(payload))
     return _print_result(args, outcome, report.status_json(payload, error), events, graph, graph_unavailable)
 
 
@@ -263,6 +267,8 @@ def _print_result(args, outcome, status, events, graph, graph_unavailable):
         return outcome.exit_code
     print(report.render_header(status))
     print(report.render_table(records))
+    for line in report.render_uncovered(status.get("uncovered")):
+        print(line)
     print()
     print(_ascii("\n".join(render_events(events))))
     print()

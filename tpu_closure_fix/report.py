@@ -194,6 +194,22 @@ def _some(names, shown=3):
     return ", ".join(names[:shown]) + (" and %d more" % (len(names) - shown) if len(names) > shown else "")
 
 
+def uncovered_reason(payload):
+    """Why no verdict can be given for an installed framework (:mod:`.verify.scan`): an XLA optimizer step
+    that no row covers, named by file and line, or the search failing; None when neither."""
+    if payload.get("scan_error"):
+        return "searching the installed frameworks for XLA optimizer steps failed (%s)." % payload["scan_error"]
+    found = payload.get("uncovered") or []
+    if not found:
+        return None
+    first = found[0]
+    return ("%s:%d (%s:%s) holds an XLA optimizer step (the gradients reduced before the closure runs) that no "
+            "row of the call-site table covers%s: this release is not verified, nothing of it is patched. Pin a "
+            "release docs/support.md lists, or run the loop with `tpu_closure_fix.check_sync` (SyncCheck) to "
+            "detect divergence." % (first["file"], first["line"], first["module"], first["function"],
+                                    " (and %d more)" % (len(found) - 1) if len(found) > 1 else ""))
+
+
 def status_outcome(payload, error=None):
     """``(outcome, exit code, reason)`` of ``status`` from the fresh interpreter's payload
     (:func:`tpu_closure_fix.verify.fresh.run_status`). The first rule that applies decides."""
@@ -206,8 +222,8 @@ def status_outcome(payload, error=None):
         return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s." % why)
     python = payload["facts"].get("executable")
     sites = installed(payload["records"])
-    # 2. No site the shim covers is installed: said as such, never "protected".
-    if not sites:
+    # 2. No site the shim covers is installed and no uncovered XLA step found: said as such, never "protected".
+    if not sites and not uncovered_reason(payload):
         return outcome(NOTHING_TO_PROTECT, "NOTHING TO PROTECT: no framework or torch_xla release the shim covers "
                                            "is installed for %s." % python)
     # 3. The start-up hook does not run there: a script that does not import the shim runs the sites
@@ -215,13 +231,22 @@ def status_outcome(payload, error=None):
     gap = startup_gap(payload)
     if gap:
         return outcome(UNPROTECTED, "UNPROTECTED: " + gap)
-    # 4. An installed site runs the buggy code.
-    bad = unprotected(sites)
+    # 4. An installed site runs the buggy code (a module that cannot be imported runs no code at all: rule 5).
+    bad = [r for r in unprotected(sites) if not import_failed(r)]
     if bad:
         return outcome(UNPROTECTED, "UNPROTECTED: %d installed affected site(s) run the buggy code: %s." % (
             len(bad), "; ".join("%s (%s%s)" % (_site(r), r["verdict"], ": " + r["reason"] if r["reason"] else "")
                                 for r in bad)))
-    # 5. Every installed site is patched, guarded or fixed upstream.
+    # 5. An installed framework holds an XLA optimizer step no row covers (or the search failed), or a site's
+    #    module cannot be imported: no verdict.
+    unknown = uncovered_reason(payload)
+    if unknown:
+        return outcome(NOT_VERIFIED, "COULD NOT VERIFY: " + unknown)
+    broken = [r for r in sites if import_failed(r)]
+    if broken:
+        return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s cannot be imported (%s)%s." % (
+            _site(broken[0]), broken[0]["reason"], " (and %d more)" % (len(broken) - 1) if len(broken) > 1 else ""))
+    # 6. Every installed site is patched, guarded or fixed upstream.
     return outcome(PROTECTED, "PROTECTED: every installed affected site is patched, guarded or fixed upstream "
                               "(%d site(s)); start-up hook active." % len(sites))
 
@@ -238,7 +263,8 @@ def status_json(payload, error=None):
                        "flags": facts.get("flags")},
             "startup_hook": {"active": active, "reason": why},
             "shim_version": (payload or {}).get("shim_version"), "shim_path": (payload or {}).get("shim_path"),
-            "sync_check": (payload or {}).get("sync_check"), "sites": (payload or {}).get("records") or []}
+            "sync_check": (payload or {}).get("sync_check"), "sites": (payload or {}).get("records") or [],
+            "uncovered": (payload or {}).get("uncovered") or []}
 
 
 def render_header(result):
@@ -247,3 +273,9 @@ def render_header(result):
     state = "unknown" if hook["active"] is None else "active" if hook["active"] else "INACTIVE"
     return _cell("python: %s (%s); start-up hook: %s%s" % (python["executable"] or "?", python["version"] or "?",
                                                             state, " (%s)" % hook["reason"] if hook["reason"] else ""))
+
+
+def render_uncovered(found):
+    """Lines naming the XLA optimizer steps no row covers (nothing when there are none)."""
+    return [_cell("XLA optimizer step no row covers: %s:%d (%s:%s)" % (u["file"], u["line"], u["module"],
+                                                                      u["function"])) for u in found or []]

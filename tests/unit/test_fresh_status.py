@@ -167,7 +167,7 @@ def test_the_switch_of_the_caller_reaches_the_fresh_interpreter(monkeypatch):
 
 def _validate(value, schema, where="$"):
     """The part of JSON Schema docs/status.schema.json uses: type, const, enum, required, properties, items."""
-    kinds = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+    kinds = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None), "integer": int}
     if "const" in schema:
         assert value == schema["const"], where
     if "enum" in schema:
@@ -263,3 +263,124 @@ def test_a_signal_during_status_ends_its_child(tmp_path, sig, code):
     assert [pid for pid in children if _alive(pid)] == []
     if sig == signal.SIGINT:
         assert "tpu-closure-fix status: interrupted" in err and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- XLA steps no row covers (verify/scan.py)
+#: Excerpts of released code (the shapes the scan must find), and their neighbours it must not.
+PL_1_1_8 = '''
+class LightningOptimizer:
+    def __optimizer_step(self, *args, closure=None, profiler_name=None, **kwargs):
+        trainer = self._trainer
+        if trainer.on_tpu:
+            with trainer.profiler.profile(profiler_name):
+                xm.optimizer_step(optimizer, optimizer_args={'closure': closure, **kwargs})
+'''
+PL_1_0_3 = '''
+import torch_xla.core.xla_model as xm
+class LightningModule:
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_idx, second_order_closure=None, on_tpu=False):
+        if on_tpu:
+            xm.optimizer_step(optimizer)
+'''
+ACCELERATE_SHAPE = '''
+class AcceleratedOptimizer:
+    def step(self, closure=None):
+        gradients = xm._fetch_gradients(self.optimizer)
+        xm.all_reduce("sum", gradients, scale=1.0 / world)
+        self.optimizer.step(closure)
+'''
+FIXED_UPSTREAM_SHAPE = '''
+import torch_xla.core.xla_model as xm
+class XLAPrecision:
+    def optimizer_step(self, optimizer, model, closure, **kwargs):
+        closure_result = closure()
+        xm.reduce_gradients(optimizer)
+        return optimizer.step(**kwargs)
+'''
+
+
+def test_the_scan_finds_each_shape_of_the_bug_class_with_its_method_and_line():
+    assert fresh_scan().calls_in_source("import torch_xla.core.xla_model as xm\n" + PL_1_1_8) == \
+        [("LightningOptimizer.__optimizer_step", 8)]
+    assert fresh_scan().calls_in_source(ACCELERATE_SHAPE) == [("AcceleratedOptimizer.step", 5)]
+    from_import = "from torch_xla.core import xla_model\n" + PL_1_1_8.replace("xm.", "xla_model.")
+    assert fresh_scan().calls_in_source(from_import) == [("LightningOptimizer.__optimizer_step", 8)]
+    positional = "import torch_xla.core.xla_model as xm\ndef f(opt, c):\n    xm.optimizer_step(opt, False, {'closure': c})\n"
+    assert fresh_scan().calls_in_source(positional) == [("f", 3)]
+
+
+def test_the_scan_passes_over_the_neighbours_that_are_not_the_bug():
+    scan = fresh_scan()
+    assert scan.calls_in_source(PL_1_0_3) == []  # no closure into the step (1.0.0-1.0.3)
+    assert scan.calls_in_source(FIXED_UPSTREAM_SHAPE) == []  # closure, then the reduction, then the step
+    assert scan.calls_in_source(PL_1_1_8) == []  # xm bound to nothing from torch_xla in this file
+    barrier_only = "import torch_xla.core.xla_model as xm\ndef f(opt):\n    xm.optimizer_step(opt, True)\n"
+    assert scan.calls_in_source(barrier_only) == []
+    step_first = ACCELERATE_SHAPE.replace("        self.optimizer.step(closure)\n", "").replace(
+        "    def step(self, closure=None):\n", "    def step(self, closure=None):\n        self.optimizer.step(closure)\n")
+    assert scan.calls_in_source(step_first) == []
+
+
+def test_a_method_is_covered_by_its_row_name_mangled_or_not():
+    scan = fresh_scan()
+    keys = {("m", "C._C__step"), ("m", "D.step")}
+    assert scan._covered("m", "C.__step", keys) and scan._covered("m", "D.step", keys)
+    assert not scan._covered("m", "C.step", keys) and not scan._covered("other", "D.step", keys)
+    assert not scan._covered("m", "D.__init__", {("m", "D._D__init__")})  # dunder names are not mangled
+
+
+def fresh_scan():
+    from tpu_closure_fix.verify import scan
+
+    return scan
+
+
+def _package(root, source):
+    """A folder on the path holding a package named pytorch_lightning whose core/optimizer.py is ``source``
+    (the scan reads files; the site modules of the table are absent from it: "not in this release")."""
+    package = root / "pytorch_lightning"
+    (package / "core").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "core" / "__init__.py").write_text("")
+    (package / "core" / "optimizer.py").write_text(source)
+    return str(root)
+
+
+def test_a_release_with_an_uncovered_xla_step_could_not_verify_naming_file_and_line(tmp_path):
+    folder = _package(tmp_path, "import torch_xla.core.xla_model as xm\n" + PL_1_1_8)
+    proc = cli("status", "--json", env={"PYTHONPATH": os.pathsep.join([folder, REPO])}, cwd=str(tmp_path))
+    out = json.loads(proc.stdout)
+    assert (proc.returncode, out["outcome"]) == (3, "could not verify"), out["reason"]
+    where = os.path.join(folder, "pytorch_lightning", "core", "optimizer.py")
+    assert out["uncovered"] == [{"file": where, "line": 8, "module": "pytorch_lightning.core.optimizer",
+                                 "function": "LightningOptimizer.__optimizer_step"}]
+    assert out["reason"].startswith("COULD NOT VERIFY: %s:8 (pytorch_lightning.core.optimizer:LightningOptimizer."
+                                    "__optimizer_step) holds an XLA optimizer step" % where)
+    text = cli("status", env={"PYTHONPATH": os.pathsep.join([folder, REPO])}, cwd=str(tmp_path))
+    assert text.returncode == 3 and "XLA optimizer step no row covers: %s:8" % where in text.stdout
+
+
+def test_the_twin_without_a_closure_into_the_step_has_nothing_to_protect(tmp_path):
+    folder = _package(tmp_path, PL_1_0_3)
+    proc = cli("status", "--json", env={"PYTHONPATH": os.pathsep.join([folder, REPO])}, cwd=str(tmp_path))
+    out = json.loads(proc.stdout)
+    assert (proc.returncode, out["outcome"], out["uncovered"]) == (0, "nothing to protect", []), out["reason"]
+
+
+def test_status_rules_for_uncovered_steps_and_import_failures():
+    found = [{"file": "/x/a.py", "line": 3, "module": "a", "function": "C.step"}]
+    nothing = dict(payload([record("not installed")]), uncovered=found)
+    assert report.status_outcome(nothing)[:2] == ("could not verify", 3)  # never "nothing to protect"
+    patched = dict(payload([record("patched")]), uncovered=found)
+    assert report.status_outcome(patched)[:2] == ("could not verify", 3)  # never "protected"
+    buggy = dict(payload([record("disabled", reason="TPU_CLOSURE_FIX=0")]), uncovered=found)
+    assert report.status_outcome(buggy)[:2] == ("unprotected", 1)  # a known buggy site wins
+    failed_scan = dict(payload([record("patched")]), scan_error="OSError: x")
+    assert report.status_outcome(failed_scan)[:2] == ("could not verify", 3)
+    broken = payload([record("failed", reason=report.IMPORT_FAILED + "ImportError: numpy")])
+    assert report.status_outcome(broken) == ("could not verify", 3, "COULD NOT VERIFY: lightning_fabric.plugins."
+                                             "precision.xla:XLAPrecision.optimizer_step cannot be imported (import "
+                                             "failed: ImportError: numpy).")
+    events = {"sites": [{"site": "m:C.step", "ok": True, "verdict": "patched", "events": []}]}
+    out = check.decide([], events, None, installed=1, uncovered="/x/a.py:3 holds one")
+    assert (out.name, out.reason) == ("could not verify", "COULD NOT VERIFY: /x/a.py:3 holds one")

@@ -130,10 +130,17 @@ def payload(facts):
     from tpu_closure_fix import report
     from tpu_closure_fix.__about__ import __version__
 
+    from . import scan
+
     failures = report.import_installed_sites()
     records = report.status(import_errors=failures)
+    try:
+        uncovered, scan_error = scan.uncovered_steps(), None
+    except Exception as exc:  # the search itself failed: then nothing says the release is covered
+        uncovered, scan_error = [], "%s: %s" % (type(exc).__name__, exc)
     return {"facts": facts, "records": records, "shim_version": __version__,
-            "shim_path": os.path.dirname(os.path.abspath(tpu_closure_fix.__file__)), "sync_check": _sync_check_line()}
+            "shim_path": os.path.dirname(os.path.abspath(tpu_closure_fix.__file__)), "sync_check": _sync_check_line(),
+            "uncovered": uncovered, "scan_error": scan_error}
 
 
 def _sync_check_line():
