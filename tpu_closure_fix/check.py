@@ -37,12 +37,15 @@ _WHAT_TO_DO = ("run `tpu-closure-fix check --json` for the details (the child's 
 
 def add_parser(subparsers):
     parser = subparsers.add_parser(
-        "check", help="status + self-tests (event order; XLA graph where torch_xla is importable); "
-                      "exit 0 protected, 1 unprotected, 3 could not verify")
+        "check", help="status + self-tests (event order; XLA graph where torch_xla is importable), about a "
+                      "fresh interpreter; exit 0 protected or nothing to protect, 1 unprotected, 3 could not verify")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--no-graph", action="store_true", help="skip the torch_xla graph check")
+    parser.add_argument("--python", metavar="PATH", type=_existing_python,
+                        help="ask about another interpreter (e.g. the venv a job uses; default: this one)")
     parser.add_argument("--xla-python", type=_existing_python,
-                        help="python of an environment with torch_xla for the graph check (default: this interpreter)")
+                        help="python of an environment with torch_xla for the graph check (default: --python, or "
+                             "this interpreter)")
     parser.add_argument("--timeout", type=_positive_seconds, default=600,
                         help="seconds per self-test process (default 600)")
     parser.set_defaults(func=run)
@@ -226,14 +229,15 @@ def _run_graph(args):
         return False, None
     from .verify import graph as graphcheck
 
-    if not graphcheck.graph_check_available(python=args.xla_python):
+    python = args.xla_python or args.python  # the interpreter asked about, unless the graph gets its own
+    if not graphcheck.graph_check_available(python=python):
         if args.xla_python:
             return None, "--xla-python %s cannot import torch_xla" % args.xla_python
         return None, None
-    # another interpreter has its own site-packages: our PYTHONPATH (e.g. a --target install of a
+    # a separate graph interpreter has its own site-packages: our PYTHONPATH (e.g. a --target install of a
     # framework built for this interpreter's torch) must not leak into it
     env = {"PYTHONPATH": ""} if args.xla_python else None
-    return graphcheck.run_graph_check(timeout=args.timeout, python=args.xla_python, env=env), None
+    return graphcheck.run_graph_check(timeout=args.timeout, python=python, env=env), None
 
 
 def run(args):
@@ -241,14 +245,14 @@ def run(args):
     from .verify import events as eventcheck
     from .verify import fresh
 
-    payload, error = fresh.run_status(timeout=args.timeout)
+    payload, error = fresh.run_status(python=args.python, timeout=args.timeout)
     if payload is None or "records" not in payload:
         status = report.status_json(payload, error)
         outcome = Outcome(status["outcome"], status["exit_code"], status["reason"])
         return _print_result(args, outcome, status, {}, None, [])
     records = payload["records"]
     unprotected = report.unprotected(records)
-    events = eventcheck.run_event_check(timeout=args.timeout)
+    events = eventcheck.run_event_check(timeout=args.timeout, python=args.python)
     graph, graph_unavailable = _run_graph(args)
     outcome = decide(unprotected, events, graph, graph_unavailable, installed=len(report.installed(records)),
                      startup_gap=report.startup_gap(payload), uncovered=report.uncovered_reason(payload))

@@ -384,3 +384,23 @@ def test_status_rules_for_uncovered_steps_and_import_failures():
     events = {"sites": [{"site": "m:C.step", "ok": True, "verdict": "patched", "events": []}]}
     out = check.decide([], events, None, installed=1, uncovered="/x/a.py:3 holds one")
     assert (out.name, out.reason) == ("could not verify", "COULD NOT VERIFY: /x/a.py:3 holds one")
+
+
+def test_python_names_another_interpreter_and_the_report_is_about_it(tmp_path):
+    """A venv with nothing installed: its own interpreter answers (the shim's table read from this copy,
+    appended last to its path), and its start-up hook is inactive because the shim is not installed there."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
+    other = str(tmp_path / "venv" / "bin" / "python")
+    for command in ("status", "check"):
+        proc = cli(command, "--python", other, "--json", *(["--no-graph"] if command == "check" else []),
+                   env={"PYTHONPATH": ""}, cwd=str(tmp_path))
+        out = json.loads(proc.stdout)
+        assert out["python"]["executable"] == other, out
+        assert out["startup_hook"] == {"active": False, "reason": "tpu_closure_fix is not installed for %s" % other}
+        if command == "status":  # nothing the shim covers there: said as such
+            assert (proc.returncode, out["outcome"]) == (0, "nothing to protect"), out["reason"]
+        else:  # the event self-test cannot import the shim there: no verdict
+            assert (proc.returncode, out["outcome"]) == (3, "could not verify"), out["reason"]
+    # the twin: this interpreter, where the shim is installed
+    mine = json.loads(cli("status", "--json").stdout)
+    assert mine["python"]["executable"] == sys.executable and mine["startup_hook"]["active"] is True

@@ -116,9 +116,13 @@ def child_main():
     return 0
 
 
-def run_event_check(timeout=300, env=None):
-    """Run the self-test in a child process of this interpreter (see the module docstring)."""
-    run = _child.run_child(_child.python_command("tpu_closure_fix.verify.events", "--child"), timeout,
+def run_event_check(timeout=300, env=None, python=None):
+    """Run the self-test in a child process of ``python`` (default: this interpreter), with this process's
+    interpreter flags (see the module docstring)."""
+    from .fresh import caller_flags
+
+    argv = _child.python_command("tpu_closure_fix.verify.events", "--child", python=python)
+    run = _child.run_child(argv[:1] + caller_flags() + argv[1:], timeout,
                            env=_child.safe_environment(dict(os.environ, **(env or {}))))
     if run.payload is None:
         return {"ok": False, "sites": [], "error": "self-test process %s" % run.error,
