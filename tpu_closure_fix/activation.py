@@ -3,18 +3,26 @@
 ``import tpu_closure_fix``, the .pth/.start startup hook, sitecustomize,
 PYTHONSTARTUP, the ``tpu_closure_fix`` entry-point group (wrapt's
 ``discover_post_import_hooks`` / autowrapt; its hook lives in the startup module) and ``tpu-closure-fix run`` all end
-in :func:`activate`, which arms the zero-code SyncCheck when ``TPU_CLOSURE_FIX_SYNC_CHECK`` asks for it,
-asks ``TPU_CLOSURE_FIX`` and enables the engine.
+in :func:`activate`, which sets the logger's level when ``TPU_CLOSURE_FIX_LOG`` asks for one, arms the
+zero-code SyncCheck when ``TPU_CLOSURE_FIX_SYNC_CHECK`` asks for it, asks ``TPU_CLOSURE_FIX`` and enables
+the engine.
 """
+import logging
 import os
+import sys
 import warnings
 
 from . import engine
-from .config import ENV_VAR, SYNC_CHECK_VAR, TPUClosureFixWarning, enabled_from_environment, show_value
+from .config import (ENV_VAR, LOG_VAR, SYNC_CHECK_VAR, TPUClosureFixWarning, enabled_from_environment,
+                     log_level_from_environment, show_value)
+
+#: The name of the one stderr handler :func:`configure_logging` puts on the package's logger.
+HANDLER_NAME = "tpu_closure_fix.stderr"
 
 
 def activate():
     """Enable the shim unless TPU_CLOSURE_FIX says otherwise. Returns whether it is on."""
+    configure_logging()
     arm_sync_check()
     if not enabled_from_environment():
         raw = os.environ.get(ENV_VAR, "")
@@ -35,3 +43,42 @@ def arm_sync_check():
     except Exception as exc:  # never break the importing program
         warnings.warn("tpu-closure-fix: the zero-code sync check could not be armed (%s: %s)"
                       % (type(exc).__name__, exc), TPUClosureFixWarning, stacklevel=2)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """A StreamHandler writing to ``sys.stderr`` as it is at each message (as ``logging.lastResort`` does):
+    a program or test runner that replaces ``sys.stderr`` later still gets the messages."""
+
+    def __init__(self):
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+
+def configure_logging(environ=None, logger=None):
+    """Apply ``TPU_CLOSURE_FIX_LOG`` to the package's logger (``tpu_closure_fix``, parent of its child loggers).
+
+    Set to ``debug``/``info``/``warning``/``error``: that level, and one handler writing to stderr (never
+    stdout), added once whatever the number of imports, reloads and calls. Unset, empty or a bad value (one
+    warning): nothing changes. Returns the level applied, or None. Never raises.
+    """
+    try:
+        level = log_level_from_environment(environ)
+        if level is None:
+            return None
+        logger = logger if logger is not None else logging.getLogger("tpu_closure_fix")
+        logger.setLevel(level)
+        if not any(getattr(handler, "name", None) == HANDLER_NAME for handler in logger.handlers):
+            handler = _StderrHandler()
+            handler.set_name(HANDLER_NAME)
+            handler.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+            logger.addHandler(handler)
+        return level
+    except Warning:  # its bad-value warning made an error by -W error: as for TPU_CLOSURE_FIX
+        raise
+    except Exception as exc:  # never break the importing program
+        warnings.warn("tpu-closure-fix: %s could not be applied (%s: %s)" % (LOG_VAR, type(exc).__name__, exc),
+                      TPUClosureFixWarning, stacklevel=2)
+        return None

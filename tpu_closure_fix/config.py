@@ -1,17 +1,33 @@
-"""The one switch: the ``TPU_CLOSURE_FIX`` environment variable.
+"""The switches: the ``TPU_CLOSURE_FIX`` environment variable, and two finer ones.
 
 Every activation mode (import, .pth/.start auto-enable, entry points,
 sitecustomize, ``tpu-closure-fix run``) asks :func:`enabled_from_environment`,
 so the variable means the same thing everywhere.
+
+* ``TPU_CLOSURE_FIX_LOG=debug|info|warning|error``: the level of the ``tpu_closure_fix`` logger, with one
+  handler writing to stderr (:func:`log_level_from_environment`, applied by ``activation.activate()``).
+* ``TPU_CLOSURE_FIX_DISABLE=accelerate,optimum_neuron``: integrations whose sites are left alone
+  (:func:`disabled_from_environment`, read by ``engine.enable()``; their sites are ``disabled``).
+
+A bad value of any of them gives one :class:`TPUClosureFixWarning` naming the variable, the value and the
+accepted values, and is then ignored (the default applies).
 """
+import logging
 import os
 import warnings
 
 ENV_VAR = "TPU_CLOSURE_FIX"
 #: Arms the zero-code SyncCheck (tpu_closure_fix.synccheck.hook): N optimizer steps between checks.
 SYNC_CHECK_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK"
+#: The level of the ``tpu_closure_fix`` logger (and a stderr handler on it); unset or empty: untouched.
+LOG_VAR = "TPU_CLOSURE_FIX_LOG"
+#: Comma-separated integrations to leave alone (``accelerate,optimum_neuron``); unset or empty: none.
+DISABLE_VAR = "TPU_CLOSURE_FIX_DISABLE"
 ON_VALUES = frozenset(("1", "true", "on", "yes"))
 OFF_VALUES = frozenset(("0", "false", "off", "no"))
+#: ``TPU_CLOSURE_FIX_LOG``'s accepted values, in the order messages list them, with their ``logging`` levels.
+LOG_LEVELS = (("debug", logging.DEBUG), ("info", logging.INFO), ("warning", logging.WARNING),
+              ("error", logging.ERROR))
 
 
 class TPUClosureFixWarning(UserWarning):
@@ -76,3 +92,87 @@ def enabled_from_environment(environ=None):
         _warned_values.add(raw)
         warnings.warn(problem, TPUClosureFixWarning, stacklevel=3)
     return enabled
+
+
+def _warn_once(variable, raw, problem):
+    """One warning per variable and distinct bad value."""
+    if problem is not None and (variable, raw) not in _warned_values:
+        _warned_values.add((variable, raw))
+        warnings.warn(problem, TPUClosureFixWarning, stacklevel=4)
+
+
+def _word(raw):
+    """``raw`` without ASCII whitespace around it, in lower case; None for a non-ASCII value (never a word)."""
+    value = raw.strip(ASCII_WHITESPACE)
+    return value.lower() if value.isascii() else None
+
+
+def parse_log_level(raw):
+    """Return (level, problem) for a raw value of TPU_CLOSURE_FIX_LOG.
+
+    Unset or empty: (None, None), the logging configuration is left as it is. ``debug``, ``info``,
+    ``warning``, ``error``, ASCII whitespace around the value and ASCII case ignored: that ``logging``
+    level. Anything else: (None, a message naming the variable and the accepted values).
+    """
+    if raw is None:
+        return None, None
+    value = _word(raw)
+    if value == "":
+        return None, None
+    levels = dict(LOG_LEVELS)
+    if value in levels:
+        return levels[value], None
+    return None, (
+        "%s=%s is not an accepted value; accepted: %s, any case. Ignored: the logging configuration is left "
+        "as it is." % (LOG_VAR, quote_value(raw), "/".join(name for name, _ in LOG_LEVELS))
+    )
+
+
+def log_level_from_environment(environ=None):
+    """Read TPU_CLOSURE_FIX_LOG: a ``logging`` level or None; warn once per distinct bad value."""
+    raw = (os.environ if environ is None else environ).get(LOG_VAR)
+    level, problem = parse_log_level(raw)
+    _warn_once(LOG_VAR, raw, problem)
+    return level
+
+
+def integration_name(word):
+    """An integration's name as the code spells it (``optimum_neuron``) from a user's word: ASCII whitespace
+    around it and ASCII case ignored, the distribution spelling's ``-`` read as ``_``; None for a non-ASCII word."""
+    value = _word(word)
+    return value.replace("-", "_") if value is not None else None
+
+
+def parse_disable(raw, names):
+    """Return (disabled, problem) for a raw value of TPU_CLOSURE_FIX_DISABLE.
+
+    ``names``: the integrations the code knows (``integrations.NAMES``). ``disabled`` is the frozenset of
+    those the comma-separated value names (:func:`integration_name`; empty items are ignored); ``problem``
+    a message naming every other item and the accepted names (the known ones still apply), or None.
+    """
+    if raw is None:
+        return frozenset(), None
+    disabled, unknown = set(), []
+    for item in raw.split(","):
+        name = integration_name(item)
+        if name == "":
+            continue
+        if name in names:
+            disabled.add(name)
+        else:
+            unknown.append(quote_value(item.strip(ASCII_WHITESPACE)))
+    if not unknown:
+        return frozenset(disabled), None
+    return frozenset(disabled), (
+        "%s=%s names no integration %s; accepted: %s (also with '-' for '_'), any case, comma-separated. "
+        "Unknown names are ignored; disabled: %s." % (DISABLE_VAR, quote_value(raw), ", ".join(unknown),
+                                                      ", ".join(names), ", ".join(sorted(disabled)) or "nothing")
+    )
+
+
+def disabled_from_environment(names, environ=None):
+    """Read TPU_CLOSURE_FIX_DISABLE: the frozenset of ``names`` it names; warn once per distinct bad value."""
+    raw = (os.environ if environ is None else environ).get(DISABLE_VAR)
+    disabled, problem = parse_disable(raw, names)
+    _warn_once(DISABLE_VAR, raw, problem)
+    return disabled

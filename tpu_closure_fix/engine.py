@@ -38,7 +38,7 @@ from collections import namedtuple
 
 from . import integrations as _integrations
 from . import sites as _sites
-from .config import TPUClosureFixWarning
+from .config import DISABLE_VAR, TPUClosureFixWarning, disabled_from_environment
 from .fixes import FixUnavailable
 from .releases import in_range, loaded_release
 
@@ -81,6 +81,7 @@ class _State(object):
         self.switch = Switch()
         self.enabled = False
         self.disabled_reason = "not enabled"
+        self.switched_off = {}  # integration name -> why its sites are left alone (TPU_CLOSURE_FIX_DISABLE)
         self.pending = set()  # modules with a registered wrapt hook that has not fired
         self.patches = {}  # key -> (owner, attr, original, wrapper)
         self.notes = {}  # key -> why a release no row names was patched (code identity)
@@ -181,12 +182,13 @@ def examine(key, module=None):
     order, then the last one here.
     """
     finding = _decide(key, module)
-    # Rule 14 (last). A site whose own (buggy) code runs -- skipped, or its fix failed -- is GUARDED
-    # when its call of xm.optimizer_step resolves, now, to the patched torch_xla guard.
-    if finding.verdict in (SKIPPED, FAILED):
+    # Rule 14 (last). A site whose own (buggy) code runs -- skipped, its fix failed, or disabled (only its
+    # integration can be: with the shim off no guard is patched) -- is GUARDED when its call of
+    # xm.optimizer_step resolves, now, to the patched torch_xla guard.
+    if finding.verdict in (SKIPPED, FAILED, DISABLED):
         guard = _covering_guard(key, module)
         if guard:
-            reason = finding.reason if finding.verdict == SKIPPED else "its fix failed: %s" % finding.reason
+            reason = "its fix failed: %s" % finding.reason if finding.verdict == FAILED else finding.reason
             return finding._replace(verdict=GUARDED, reason="%s; its call goes through the patched %s guard"
                                     % (reason, guard))
     return finding
@@ -252,11 +254,14 @@ def _decide(key, module=None):
     # 12. Code that is not the row's buggy shape is never patched.
     if not shape.ok:
         return Finding(SKIPPED, "unexpected code shape: %s; left untouched" % shape.reason, site, release, None)
-    # 13. The fix could not be prepared (FAILED), the shim is off (DISABLED), else the site is PATCHABLE.
+    # 13. The fix could not be prepared (FAILED); the shim is off (TPU_CLOSURE_FIX=0, disable()) or its
+    #     integration is (TPU_CLOSURE_FIX_DISABLE): DISABLED; else the site is PATCHABLE.
     if key in _state.failures:
         return Finding(FAILED, _state.failures[key], site, release, None)
     if not _state.enabled:
         return Finding(DISABLED, _state.disabled_reason, site, release, None)
+    if site.integration in _state.switched_off:
+        return Finding(DISABLED, _state.switched_off[site.integration], site, release, None)
     return Finding(PATCHABLE, note, site, release, (owner, attr, current))
 
 
@@ -435,9 +440,15 @@ def _patch_site(key, module):
         # An inheriting subclass (bf16) of a base site that is itself skipped/failed/absent: the base's
         # own warning already names the cause; status() still lists this row (one warning per cause).
         return finding
+    if finding.verdict == SKIPPED and finding.site is not None and finding.site.integration in _state.switched_off:
+        log.debug("tpu-closure-fix: %s:%s not patched (%s): %s", key[0], key[1],
+                  _state.switched_off[finding.site.integration], finding.reason)  # switched off: no warning
+        return finding
     if finding.verdict == SKIPPED:
         _warn_once(key, "tpu-closure-fix: %s:%s not patched: %s" % (key[0], key[1], finding.reason))
         return finding
+    if finding.verdict == DISABLED:
+        log.debug("tpu-closure-fix: %s:%s left alone: %s", key[0], key[1], finding.reason)
     if finding.verdict != PATCHABLE:
         return finding
     from .wrappers import FunctionWrapper, module_function_wrapper
@@ -544,8 +555,11 @@ def enable():
             _state.disabled_reason = reason
             _warn_once("wrapt", "tpu-closure-fix is inactive: %s. Every call site runs unpatched." % reason)
             return False
+        _state.switched_off = _integrations_switched_off()
         _state.enabled = True
         _state.switch.on = True
+        log.debug("tpu-closure-fix: enabled; watching %d module(s); integrations switched off: %s",
+                  len(_sites.module_names()), ", ".join(sorted(_state.switched_off)) or "none")
 
         for name in _sites.module_names():
             if name in _state.pending:
@@ -564,6 +578,12 @@ def enable():
     if late:
         _warn_if_already_stepped()
     return True
+
+
+def _integrations_switched_off():
+    """{integration: reason} of the integrations TPU_CLOSURE_FIX_DISABLE names (read at every enable())."""
+    return {name: "%s names %s" % (DISABLE_VAR, name)
+            for name in disabled_from_environment(_integrations.NAMES)}
 
 
 def reconcile():

@@ -7,7 +7,7 @@ from . import engine
 from . import sites as _sites
 from .releases import loaded_release, owning_distributions
 
-FIELDS = ("distribution", "release", "module", "method", "verdict", "reason", "variant")
+FIELDS = ("distribution", "release", "module", "method", "verdict", "reason", "variant", "integration")
 
 #: How the reason of a ``failed`` site whose module could not be imported starts: its code cannot run at
 #: all, so it runs no order, buggy or fixed (``check`` answers "could not verify" for it).
@@ -39,9 +39,11 @@ def _distribution(site_rows, package):
 def status(import_errors=None):
     """List of dicts, one per (module, class.method) of the table.
 
-    Keys: distribution, release, module, method, verdict, reason, variant.
+    Keys: distribution, release, module, method, verdict, reason, variant, integration.
     ``verdict`` is one of: patched, fixed upstream, guarded, not installed,
     not imported yet, not in this release, disabled, skipped, failed.
+    ``integration`` is the name of the integration owning the site (``integrations.NAMES``: what
+    ``TPU_CLOSURE_FIX_DISABLE`` names; its sites are then ``disabled``).
     Watched modules imported without the import hook firing are patched first
     (:func:`tpu_closure_fix.engine.reconcile`, which warns when it does).
     """
@@ -71,6 +73,7 @@ def status(import_errors=None):
             "verdict": verdict,
             "reason": reason,
             "variant": finding.site.variant if finding.site else None,
+            "integration": rows[0].integration,
         })
     return records
 
