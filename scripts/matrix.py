@@ -52,7 +52,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DEFAULT_RESULTS = os.path.join(REPO, "results")
-PYTEST_TIMEOUT = 1800
+PYTEST_TIMEOUT = 2400
 #: Verdicts under which a site's training is protected (what ``status`` exits 0 on).
 PROTECTED = ("patched", "fixed upstream", "guarded")
 

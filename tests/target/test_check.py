@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from conftest import TESTS, child_env
+from conftest import TARGET, TESTS, child_env
 from tpu_closure_fix import sites
 from tpu_closure_fix.verify import table
 
@@ -81,3 +81,25 @@ def test_text_output_ends_with_the_reason_and_has_no_empty_heading():
         for i, line in enumerate(lines):
             if line.endswith(":") and not line.startswith(" "):
                 assert lines[i + 1].startswith("  ") and lines[i + 1].strip(), (line, text)
+
+
+
+def _readme_sample_test():
+    """README.md shows a real `tpu-closure-fix status` run with Fabric 2.6.6: on that target the output is the
+    same, line for line (the interpreter's path on the first line aside)."""
+    import os
+    import re
+
+    from conftest import REPO
+
+    with open(os.path.join(REPO, "README.md")) as handle:
+        sample = re.search(r"```text\n(python: .*?)```", handle.read(), re.S).group(1).splitlines()
+    proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", "status"], env=child_env(True),
+                          capture_output=True, text=True, timeout=300, cwd=TESTS)
+    out = proc.stdout.splitlines()
+    assert proc.returncode == 0 and out[1:] == sample[1:], proc.stdout
+    assert out[0].split("; ", 1)[1] == sample[0].split("; ", 1)[1]
+
+
+if TARGET == "lightning-fabric==2.6.6":  # the sample is of Fabric 2.6.6: defined on that target only
+    test_the_readme_sample_of_status_is_what_status_prints_here = _readme_sample_test

@@ -14,16 +14,29 @@ def test_support_table_is_up_to_date():
 
 def test_readme_names_both_commands_and_ci_runs_the_test_command():
     with open(os.path.join(REPO, "README.md")) as handle:
-        head = handle.read()[:2500]
-    assert "bash scripts/main.sh" in head and "bash scripts/test.sh" in head
+        text = handle.read()
+    assert "\nbash scripts/main.sh\n" in text and "\nbash scripts/test.sh\n" in text
     with open(os.path.join(REPO, ".ci", "run")) as handle:
         assert "bash scripts/test.sh" in handle.read()
 
 
-def test_readme_is_short_and_its_links_exist():
+def test_the_first_screen_is_for_a_tpu_user_the_install_line_then_status_and_its_outcomes():
+    with open(os.path.join(REPO, "README.md")) as handle:
+        first_screen = handle.read().split("\n## ", 1)[0]
+    install, status = first_screen.index("pip install ."), first_screen.index("tpu-closure-fix status")
+    sample = first_screen.index("```text\npython: ")
+    assert install < status < sample, "install line, then status, then its sample output"
+    for outcome in ("PROTECTED", "NOTHING TO PROTECT", "UNPROTECTED", "COULD NOT VERIFY"):
+        assert "**%s**" % outcome in first_screen, outcome
+    assert "scripts/test.sh" not in first_screen and "CI" not in first_screen  # the project's own matters later
+
+
+def test_readme_is_short_its_tables_narrow_and_its_links_exist():
     with open(os.path.join(REPO, "README.md")) as handle:
         text = handle.read()
-    assert len(text.encode("utf-8")) <= 15 * 1024, "README.md is %d bytes: keep it <= 15 KB" % len(text.encode())
+    assert len(text.encode("utf-8")) <= 12 * 1024, "README.md is %d bytes: keep it <= 12 KB" % len(text.encode())
+    wide = [line for line in text.splitlines() if line.startswith("|") and len(line) > 120]
+    assert not wide, "table rows wider than 120 characters: %s" % wide
     import re
 
     links = re.findall(r"\]\(([^)#]+)\)", text)

@@ -16,12 +16,18 @@ writes into ``--out``: ``demo.png`` (training loss and max parameter divergence
 per step for both runs), TensorBoard scalars (``tensorboard/``), ``results.json``
 and the replicas' logs.
 
-Needs the ``demo`` extra (matplotlib, scikit-learn, tensorboardX, tqdm) and
-pytorch-lightning 1.5-1.8 (made with 1.8.6)::
+Needs the ``demo`` extra (matplotlib, scikit-learn, tensorboardX, tqdm, pytorch-lightning 1.8.6 with its
+pins), so it runs either in a venv of its own or from a clone, where ``bash scripts/demo.sh`` keeps all of it
+in the clone's ``.cache/`` and installs nothing into the environment::
 
-    pip install "tpu-closure-fix[demo]" pytorch-lightning==1.8.6
-    tpu-closure-fix demo --out demo-out
+    python -m venv demo-venv && demo-venv/bin/pip install ".[demo]"    # in a clone: a venv of its own
+    demo-venv/bin/tpu-closure-fix demo --out demo-out
 """
+
+#: What to run instead when something is missing: commands that exist and change nothing in this environment.
+HOW_TO_RUN = ("in a clone of the repository, `bash scripts/demo.sh --out demo-out` runs it with what it needs in "
+              "the clone's .cache/ (nothing is installed here); or make a venv of its own: `python -m venv demo-venv "
+              "&& demo-venv/bin/pip install \".[demo]\"` in the clone")
 import json
 import os
 import socket
@@ -203,12 +209,12 @@ def _tensorboard(runs, folder):
 def run(args):
     missing = _missing_dependencies()
     if missing:
-        print("tpu-closure-fix demo needs %s: pip install 'tpu-closure-fix[demo]'" % ", ".join(missing),
+        print("tpu-closure-fix demo needs %s, not installed here: %s" % (", ".join(missing), HOW_TO_RUN),
               file=sys.stderr)
         return 2
     problem = _lightning_problem()
     if problem:
-        print("tpu-closure-fix demo: %s; pip install pytorch-lightning==1.8.6" % problem, file=sys.stderr)
+        print("tpu-closure-fix demo: %s; %s" % (problem, HOW_TO_RUN), file=sys.stderr)
         return 2
     if args.replicas < 2:
         print("tpu-closure-fix demo: --replicas must be >= 2 (one replica has nothing to diverge from)",

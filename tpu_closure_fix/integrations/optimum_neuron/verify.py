@@ -64,7 +64,7 @@ def unlisted_rows(targets):
          "verdict": "**affected, not verifiable here**", "fix": "none: not on the public package index; "
          "SyncCheck reports the divergence (docs/synccheck.md)", "evidence": [], "targets": [],
          "summary_releases": ">= 0.6, <= 0.11 (SDK 2.26)",
-         "summary_verdict": "**affected, not verifiable here** (SyncCheck)"},
+         "summary_verdict": "**affected, not verifiable here**"},
     ]
 
 
