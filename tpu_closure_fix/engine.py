@@ -215,16 +215,15 @@ def _decide(key, module=None):
     owner, attr = _owner(module, qualname), split_qualname(qualname)[1]
     site, note = next((row for row in rows if in_range(release, row.releases)), None), ""
     if site is None and not _package_knows(package, release):
-        # 4. A release no row of the package names, for an inheriting site: PATCHED when the method the
-        #    class resolves is our wrapper (the base was judged by its own rules).
-        if all(row.inherits for row in rows):
-            resolved = _resolved(owner, attr) if not isinstance(owner, str) else None
-            if resolved is not None and is_ours(resolved[1]):
-                return Finding(PATCHED, "via %s.%s.%s (%s not in the table)" % (
-                    resolved[0].__module__, resolved[0].__name__, attr, release), rows[-1], release, None)
+        # 4. A release no row of the package names, whose class inherits the method from a class that is a
+        #    site of the table (a class kept for an old import path): judged as that site, by its own rules
+        #    (patched, fixed upstream by code identity, or left untouched with its reason).
+        base = _inherited_site(owner, attr)
+        if base is not None:
+            return _judged_as_base(rows[-1], release, base, attr, note="%s not in the table" % release)
         # 5. A release no row names whose code is identical (identity.py: fingerprint and decorators) to
         #    a verified release of a row: that row applies, fix or upstream fix alike.
-        elif not isinstance(owner, str):
+        if not isinstance(owner, str):
             site, note = _same_code_row(rows, owner, attr, release)
     # 6. Still no row: not in this release (no such class or method, or another site of the package knows
     #    the release and this code has no buggy call), else unknown release: not verified, left untouched.
@@ -245,8 +244,9 @@ def _decide(key, module=None):
         if not _state.switch.on:
             return _passing_through(site, release)
         return Finding(PATCHED, _state.notes.get(key, note), site, release, None)
-    shape = site.shape.check(current)
-    # 11. A row of upstream-fixed code: FIXED UPSTREAM only when the code has the fix's shape.
+    shape = site.shape.check(current, owner)
+    # 11. A row of upstream-fixed code: FIXED UPSTREAM only when the code has the fix's shape (the helpers
+    #     it reaches included: the closure runs before the reduction there).
     if site.fix is None:
         if shape.ok:
             return Finding(FIXED_UPSTREAM, note, site, release, None)
@@ -340,6 +340,31 @@ def _has_buggy_shape(owner, attr, rows):
     if function is None or is_ours(function):
         return False
     return any(row.fix is not None and row.shape.check(function).ok for row in rows)
+
+
+def _inherited_site(owner, attr):
+    """The class ``owner`` inherits ``attr`` from, when that class's method is a site of the table; else None."""
+    if not isinstance(owner, type):
+        return None
+    base = next((klass for klass in owner.__mro__ if attr in vars(klass)), None)
+    if base is None or base is owner:
+        return None
+    return base if _sites.rows_for(base.__module__, "%s.%s" % (base.__name__, attr)) else None
+
+
+def _judged_as_base(site, release, base, attr, note):
+    """A subclass's site judged as the method it inherits from ``base``, a site of the table."""
+    base_key = (base.__module__, "%s.%s" % (base.__name__, attr))
+    reason = "via %s.%s (%s)" % (base_key[0], base_key[1], note)
+    function = vars(base)[attr]
+    if is_ours(function):
+        if not _state.switch.on:
+            return _passing_through(site, release)
+        return Finding(PATCHED, reason, site, release, None)
+    judged = _decide(base_key)
+    if judged.verdict == PATCHABLE:  # patched through either key: the same object
+        return Finding(PATCHABLE, reason, judged.site, release, (base, attr, function))
+    return Finding(judged.verdict, reason + (": " + judged.reason if judged.reason else ""), site, release, None)
 
 
 def _examine_inherited(site, release, cls, attr):

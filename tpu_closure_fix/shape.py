@@ -11,7 +11,13 @@ formatting changes. It compares three things against the call-site table:
 * identifiers and string constants that must appear (``optimizer_step``,
   ``optimizer_args``, ``closure``, ...);
 * identifiers that must not appear (``reduce_gradients``, ``_tpu_wrap_closure``
-  ... i.e. signs that the upstream fix is already there).
+  ... i.e. signs that the upstream fix is already there);
+* for code whose order lives in a helper the method reaches (the upstream fix's
+  ``self._xla_wrap_closure``), that helper, resolved on the class: which name it
+  loads first (``closure`` before ``reduce_gradients``). Read from the bytecode
+  in instruction order: it sees the order of straight-line code, which is what
+  the helpers hold; a helper that branches between the two is judged by the
+  first load of each.
 """
 import inspect
 from collections import namedtuple
@@ -27,16 +33,19 @@ class Shape(object):
     ``varkw``: whether the function takes ``**kwargs``.
     ``requires``: names/constants that must occur in the code.
     ``forbids``: names/constants that must not occur.
+    ``helpers``: ``(helper, (first, then))`` pairs: the class's method ``helper`` must load ``first``
+    before ``then`` (checked when the class is given to :meth:`check`).
     """
 
-    __slots__ = ("params", "varkw", "requires", "forbids", "method")
+    __slots__ = ("params", "varkw", "requires", "forbids", "method", "helpers")
 
-    def __init__(self, params, varkw=True, requires=(), forbids=(), method=True):
+    def __init__(self, params, varkw=True, requires=(), forbids=(), method=True, helpers=()):
         self.params = tuple(params)
         self.varkw = varkw
         self.method = method
         self.requires = frozenset(requires)
         self.forbids = frozenset(forbids)
+        self.helpers = tuple(helpers)
 
     def __repr__(self):
         return "Shape(params=%r, varkw=%r, requires=%s, forbids=%s)" % (
@@ -46,8 +55,9 @@ class Shape(object):
             sorted(self.forbids),
         )
 
-    def check(self, function):
-        """Return ShapeResult(ok, reason) for a plain function (not a wrapper)."""
+    def check(self, function, owner=None):
+        """Return ShapeResult(ok, reason) for a plain function (not a wrapper); ``owner``: the class the
+        method is looked up on, for the helpers (without it the helpers are not checked)."""
         code = getattr(inspect.unwrap(function), "__code__", None)
         if code is None:
             return ShapeResult(False, "not a Python function (%r)" % (type(function).__name__,))
@@ -65,7 +75,32 @@ class Shape(object):
         present = sorted(self.forbids & names)
         if present:
             return ShapeResult(False, "code contains %s" % ", ".join(present))
+        if isinstance(owner, type):
+            for helper, order in self.helpers:
+                problem = _helper_order(owner, helper, order)
+                if problem:
+                    return ShapeResult(False, problem)
         return ShapeResult(True, "")
+
+
+def _helper_order(owner, helper, order):
+    """Why ``owner.helper`` does not load ``order[0]`` before ``order[1]``, or None when it does."""
+    import dis
+
+    found = next((vars(klass)[helper] for klass in owner.__mro__ if helper in vars(klass)), None)
+    code = getattr(inspect.unwrap(found), "__code__", None) if found is not None else None
+    if code is None:
+        return "%s has no Python method %s" % (owner.__name__, helper)
+    first = {}
+    for position, instruction in enumerate(dis.get_instructions(code)):
+        if instruction.opname.startswith("LOAD") and instruction.argval in order:
+            first.setdefault(instruction.argval, position)
+    missing = [name for name in order if name not in first]
+    if missing:
+        return "its helper %s lacks %s" % (helper, ", ".join(missing))
+    if first[order[0]] > first[order[1]]:
+        return "its helper %s loads %s before %s" % (helper, order[1], order[0])
+    return None
 
 
 def code_params(code):

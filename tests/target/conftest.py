@@ -57,6 +57,8 @@ ONLY_ON = {
     "test_mock_style.py": ("pytorch-lightning==1.8.6", "lightning-fabric==2.6.6"),
     # A Fabric release newer than the table: the newest Fabric, presented as 2.6.7 / 2.9.0.
     "test_code_identity.py": ("lightning-fabric==2.6.6",),
+    # The newest Trainer, presented as 2.7.0: classes kept for old import paths judged as what they inherit.
+    "test_next_release.py": ("pytorch-lightning==2.6.6",),
     # one target per call-site family: accelerator, Trainer plugin + Lite, fixed Trainer + Fabric XLAPrecision
     "test_check.py": ("pytorch-lightning==1.4.9", "pytorch-lightning==1.5.10", "pytorch-lightning==1.8.6",
                       "pytorch-lightning==2.6.6",

@@ -83,20 +83,26 @@ TRAINER_OPTIMIZER_FIRST = Shape(  # PL 1.8: (optimizer, model, optimizer_idx, cl
     requires=_BUGGY + ("closure", "_wrap_closure"),
     forbids=_NOT_FIXED,
 )
+# The upstream fix's order lives in its helper: the closure runs, then the gradients are reduced.
+_TPU_HELPER_ORDER = (("_tpu_wrap_closure", ("closure", "reduce_gradients")),)
+_XLA_HELPER_ORDER = (("_xla_wrap_closure", ("closure", "reduce_gradients")),)
 FIXED_1_9 = Shape(
     ("optimizer", "model", "optimizer_idx", "closure"),
     requires=("_tpu_wrap_closure", "_wrap_closure", "mark_step"),
     forbids=("optimizer_args",),
+    helpers=_TPU_HELPER_ORDER,
 )
 FIXED_2_0 = Shape(
     ("optimizer", "model", "closure"),
     requires=("_tpu_wrap_closure", "_wrap_closure", "mark_step"),
     forbids=("optimizer_args",),
+    helpers=_TPU_HELPER_ORDER,
 )
 FIXED_2_1 = Shape(
     ("optimizer", "model", "closure"),
     requires=("_xla_wrap_closure", "_wrap_closure", "mark_step"),
     forbids=("optimizer_args",),
+    helpers=_XLA_HELPER_ORDER,
 )
 LITE = Shape(("optimizer",), requires=_BUGGY, forbids=_NOT_FIXED + ("barrier",))
 LITE_BARRIER = Shape(("optimizer",), requires=_BUGGY + ("barrier",), forbids=_NOT_FIXED)
