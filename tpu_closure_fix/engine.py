@@ -364,7 +364,9 @@ def _judged_as_base(site, release, base, attr, note):
     judged = _decide(base_key)
     if judged.verdict == PATCHABLE:  # patched through either key: the same object
         return Finding(PATCHABLE, reason, judged.site, release, (base, attr, function))
-    return Finding(judged.verdict, reason + (": " + judged.reason if judged.reason else ""), site, release, None)
+    # the base's row: the code that runs is the base's (what a verification of this site must drive)
+    return Finding(judged.verdict, reason + (": " + judged.reason if judged.reason else ""), judged.site or site,
+                   release, None)
 
 
 def _examine_inherited(site, release, cls, attr):

@@ -66,7 +66,7 @@ def test_lifecycle_one_layer_and_exact_restore(log):
 def test_status_records(log):
     records = log["status"]
     assert {tuple(sorted(r)) for r in records} == {tuple(sorted(
-        ("distribution", "release", "module", "method", "verdict", "reason", "variant")))}
+        ("distribution", "release", "module", "method", "verdict", "reason", "variant", "integration")))}
     by_site = {"%s:%s" % (r["module"], r["method"]): r for r in records}
     dist, version = expectations.parse_target(TARGET)
     for site in log["enable_again"]:

@@ -32,6 +32,7 @@ Entry points (the interface every integration's ``verify.py`` provides):
 """
 import importlib
 import inspect
+import sys
 from functools import partial
 
 from ...verify.events import record_each_step
@@ -154,7 +155,11 @@ def _trainer_event_step(target, torch, events):
         def configure_optimizers(self):
             return _recording_sgd(torch, self.parameters(), events)
 
-    target.module._XLA_AVAILABLE = True  # the stand-in takes torch_xla's place in this child
+    # the stand-in takes torch_xla's place in this child: in the module of every class whose __init__ may ask
+    # (a class kept for an old import path runs its base's __init__, in the base's module)
+    for module in {target.module} | {sys.modules.get(klass.__module__) for klass in target.owner.__mro__}:
+        if module is not None and hasattr(module, "_XLA_AVAILABLE"):
+            module._XLA_AVAILABLE = True
     plugin = _make_precision(target.owner)
     loader = torch.utils.data.DataLoader([(x, y)], batch_size=None)
     trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
