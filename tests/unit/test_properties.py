@@ -42,7 +42,9 @@ def test_switch_any_value(raw):
     import _tpu_closure_fix_startup as startup
 
     enabled, problem = config.parse_switch(raw)
-    norm = None if raw is None else raw.strip().lower()
+    # the documented rule: ASCII whitespace around the value and ASCII case ignored, nothing else
+    norm = None if raw is None else raw.strip(config.ASCII_WHITESPACE)
+    norm = norm.lower() if norm is not None and norm.isascii() else norm
     assert enabled == (norm not in config.OFF_VALUES)
     assert (problem is None) == (norm is None or norm == "" or norm in config.ON_VALUES | config.OFF_VALUES)
     if problem is not None:
