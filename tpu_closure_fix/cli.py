@@ -36,7 +36,7 @@ def existing_python(text):
     if not (os.path.isfile(text) and os.access(text, os.X_OK)):
         raise argparse.ArgumentTypeError("%s is not an executable file (give the python of an environment, e.g. "
                                          "/path/to/venv/bin/python)" % text)
-    return text
+    return os.path.abspath(text)  # the file checked, never a same-named one on PATH
 
 
 def build_parser():

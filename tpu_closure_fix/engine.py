@@ -220,7 +220,7 @@ def _decide(key, module=None):
         #    (patched, fixed upstream by code identity, or left untouched with its reason).
         base = _inherited_site(owner, attr)
         if base is not None:
-            return _judged_as_base(rows[-1], release, base, attr, note="%s not in the table" % release)
+            return _judged_as_base(rows[-1], release, owner, base, attr, note="%s not in the table" % release)
         # 5. A release no row names whose code is identical (identity.py: fingerprint and decorators) to
         #    a verified release of a row: that row applies, fix or upstream fix alike.
         if not isinstance(owner, str):
@@ -352,8 +352,9 @@ def _inherited_site(owner, attr):
     return base if _sites.rows_for(base.__module__, "%s.%s" % (base.__name__, attr)) else None
 
 
-def _judged_as_base(site, release, base, attr, note):
-    """A subclass's site judged as the method it inherits from ``base``, a site of the table."""
+def _judged_as_base(site, release, cls, base, attr, note):
+    """Class ``cls``'s site judged as the method it inherits from ``base``, a site of the table (the helpers
+    that method reaches read on ``cls``: a subclass may override them)."""
     base_key = (base.__module__, "%s.%s" % (base.__name__, attr))
     reason = "via %s.%s (%s)" % (base_key[0], base_key[1], note)
     function = vars(base)[attr]
@@ -364,6 +365,11 @@ def _judged_as_base(site, release, base, attr, note):
     judged = _decide(base_key)
     if judged.verdict == PATCHABLE:  # patched through either key: the same object
         return Finding(PATCHABLE, reason, judged.site, release, (base, attr, function))
+    if judged.verdict == FIXED_UPSTREAM and judged.site is not None:
+        shape = judged.site.shape.check(function, cls)
+        if not shape.ok:
+            return Finding(SKIPPED, "%s: expected the upstream fix, but %s" % (reason, shape.reason), site, release,
+                           None)
     # the base's row: the code that runs is the base's (what a verification of this site must drive)
     return Finding(judged.verdict, reason + (": " + judged.reason if judged.reason else ""), judged.site or site,
                    release, None)

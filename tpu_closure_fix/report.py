@@ -216,6 +216,8 @@ def uncovered_reason(payload):
 def status_outcome(payload, error=None):
     """``(outcome, exit code, reason)`` of ``status`` from the fresh interpreter's payload
     (:func:`tpu_closure_fix.verify.fresh.run_status`). The first rule that applies decides."""
+    from .verify import fresh
+
     def outcome(name, reason):
         return name, EXIT_CODES[name], reason
 
@@ -250,8 +252,11 @@ def status_outcome(payload, error=None):
         return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s cannot be imported (%s)%s." % (
             _site(broken[0]), broken[0]["reason"], " (and %d more)" % (len(broken) - 1) if len(broken) > 1 else ""))
     # 6. Every installed site is patched, guarded or fixed upstream.
+    active, _ = fresh.startup_hook(payload["facts"])
+    hook = {True: "start-up hook active", False: "start-up hook inactive, no site needs it",
+            None: "start-up hook not asked"}[active]
     return outcome(PROTECTED, "PROTECTED: every installed affected site is patched, guarded or fixed upstream "
-                              "(%d site(s)); start-up hook active." % len(sites))
+                              "(%d site(s)); %s." % (len(sites), hook))
 
 
 def status_json(payload, error=None):

@@ -367,15 +367,19 @@ def fsdp(ctx):
     shard_groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     replica_groups = [dist.new_group([0, 2]), dist.new_group([1, 3])]
     hybrid = (shard_groups[ctx.rank // 2], replica_groups[ctx.rank % 2])
+    # "subgroup": NO_SHARD within each host only (beside another parallelism): the hosts train on their own
+    # data, so they differ by design; the ranks of a host agree
     cases = [("hybrid", ShardingStrategy.HYBRID_SHARD, False), ("hybrid-orig", ShardingStrategy.HYBRID_SHARD, True),
-             ("full", ShardingStrategy.FULL_SHARD, False)]
+             ("full", ShardingStrategy.FULL_SHARD, False), ("subgroup", ShardingStrategy.NO_SHARD, False)]
+    groups = {"hybrid": hybrid, "hybrid-orig": hybrid, "full": None, "subgroup": shard_groups[ctx.rank // 2]}
     for case, strategy, orig in cases:
-        model = FullyShardedDataParallel(make_model(0), process_group=hybrid if case != "full" else None,
+        model = FullyShardedDataParallel(make_model(0), process_group=groups[case],
                                          sharding_strategy=strategy, device_id=torch.device("cpu"),
                                          use_orig_params=orig)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data_rank = ctx.rank // 2 if case == "subgroup" else ctx.rank
         for step in range(1, 4):
-            train_step(model, optimizer, *batch(ctx.rank, step), reduce=False, world=ctx.world)
+            train_step(model, optimizer, *batch(data_rank, step), reduce=False, world=ctx.world)
         ctx.result[case] = [[name, list(p.shape)] for name, p in model.named_parameters()]
         ctx.keep(compare_replicas(model), case)
         held = [p for p in model.parameters() if p.numel() > 0][0]
@@ -383,7 +387,7 @@ def fsdp(ctx):
         if ctx.rank == 2:
             with torch.no_grad():
                 held.view(-1)[0] += 1.0
-        train_step(model, optimizer, *batch(ctx.rank, 4), reduce=False, world=ctx.world)
+        train_step(model, optimizer, *batch(data_rank, 4), reduce=False, world=ctx.world)
         ctx.keep(compare_replicas(model), case + "-changed")
         ctx.result[case + "-changed"] = [name for name, p in model.named_parameters() if p is held]
         hook = sys.modules.get("tpu_closure_fix.synccheck.hook")

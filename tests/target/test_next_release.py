@@ -27,7 +27,13 @@ HELPER = "        closure_result = closure()\n        xm.reduce_gradients(optimi
 HELPER_REDUCING_FIRST = "        xm.reduce_gradients(optimizer)\n        closure_result = closure()\n"
 
 
-def presented_as(root, version, reorder=False, reorder_helper=False):
+LEGACY_CLASS = "class TPUPrecisionPlugin(XLAPrecision):\n"
+LEGACY_OVERRIDE = (LEGACY_CLASS + "    def _xla_wrap_closure(self, optimizer, closure):\n"
+                   "        import torch_xla.core.xla_model as xm\n\n"
+                   "        xm.reduce_gradients(optimizer)\n        return closure()\n\n")
+
+
+def presented_as(root, version, reorder=False, reorder_helper=False, legacy_override=False):
     package = root / "pytorch_lightning"
     shutil.copytree(os.path.join(target_dir(), "pytorch_lightning"), str(package),
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -42,6 +48,11 @@ def presented_as(root, version, reorder=False, reorder_helper=False):
         text = path.read_text()
         assert text.count(HELPER) == 1, "pytorch-lightning 2.6.6's XLAPrecision._xla_wrap_closure changed?"
         path.write_text(text.replace(HELPER, HELPER_REDUCING_FIRST))
+    if legacy_override:
+        path = package / "_graveyard" / "tpu.py"
+        text = path.read_text()
+        assert text.count(LEGACY_CLASS) == 1, "pytorch-lightning 2.6.6's legacy TPUPrecisionPlugin changed?"
+        path.write_text(text.replace(LEGACY_CLASS, LEGACY_OVERRIDE))
     return str(root)
 
 
@@ -81,3 +92,13 @@ def test_the_twin_with_the_helper_reducing_before_the_closure_is_unprotected(tmp
                               "before closure"), site
     for key in LEGACY:
         assert sites[key]["verdict"] == "skipped", sites[key]
+
+
+def test_a_class_kept_for_an_old_path_that_overrides_the_helper_is_judged_with_its_own_helper(tmp_path):
+    code, out, sites = status(presented_as(tmp_path, "2.7.0", legacy_override=True))
+    assert (code, out["outcome"]) == (1, "unprotected"), out["reason"]
+    legacy = sites[LEGACY[0]]
+    assert legacy["verdict"] == "skipped", legacy
+    assert legacy["reason"].endswith("expected the upstream fix, but its helper _xla_wrap_closure loads "
+                                     "reduce_gradients before closure"), legacy
+    assert sites[XLA_SITE]["verdict"] == "fixed upstream"  # the base itself is unchanged

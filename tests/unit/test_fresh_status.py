@@ -46,8 +46,9 @@ def unarmed(**changes):
     (facts(startup_armed=False, switch="0"), False, "TPU_CLOSURE_FIX=0 switches the shim off"),
     (facts(switch=" OFF "), False, "switches the shim off"),
     (facts(switch="maybe"), True, "armed at interpreter start by the start-up module"),
-    # 2. armed, or imported at start by a start-up file
+    # 2. armed, or imported at start by a start-up file; armed with the shim not importable is not active
     (facts(), True, "armed at interpreter start by the start-up module"),
+    (facts(shim_origin=None), False, "tpu_closure_fix is not installed for /venv/bin/python"),
     (unarmed(shim_at_start=True), True, "a start-up file importing tpu_closure_fix"),
     # 3. -S
     (unarmed(flags={"no_site": True}), False, "python -S"),
@@ -123,6 +124,9 @@ def test_status_with_a_buggy_site_is_unprotected_and_with_none_protected():
     good = report.status_outcome(payload([record("patched"), record("guarded"), record("fixed upstream")]))
     assert good == ("protected", 0, "PROTECTED: every installed affected site is patched, guarded or fixed "
                                     "upstream (3 site(s)); start-up hook active.")
+    # only fixed-upstream code, the hook off: protected, and the reason says the hook is off
+    upstream = report.status_outcome(payload([record("fixed upstream")], switch="0", startup_armed=False))
+    assert upstream[2].endswith("(1 site(s)); start-up hook inactive, no site needs it.")
 
 
 # --------------------------------------------------------------------------- check.decide's two rules from them
@@ -404,3 +408,21 @@ def test_python_names_another_interpreter_and_the_report_is_about_it(tmp_path):
     # the twin: this interpreter, where the shim is installed
     mine = json.loads(cli("status", "--json").stdout)
     assert mine["python"]["executable"] == sys.executable and mine["startup_hook"]["active"] is True
+
+
+
+def test_a_child_is_lent_only_the_shim_and_its_two_dependencies():
+    with fresh._lent_folder() as folder:
+        assert sorted(os.listdir(folder)) == ["packaging", "tpu_closure_fix", "wrapt"]
+        assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
+    assert not os.path.exists(folder)
+
+
+def test_an_interpreter_that_cannot_start_could_not_verify_exit_3(tmp_path):
+    broken = tmp_path / "python"
+    broken.write_text("#!/nonexistent/interpreter\n")
+    broken.chmod(0o755)
+    proc = cli("status", "--python", str(broken), "--json", cwd=str(tmp_path))
+    out = json.loads(proc.stdout)
+    assert (proc.returncode, out["outcome"]) == (3, "could not verify"), out["reason"]
+    assert "could not start %s" % broken in out["reason"] and "Traceback" not in proc.stderr

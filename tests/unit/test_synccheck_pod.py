@@ -296,15 +296,25 @@ def test_fsdp_full_shard_is_not_compared_and_never_identical(fsdp):
         assert _by_case(run)["full-as-plain"]["versions"] == [[0], [1], [2], [3]]  # the twin: shards differ
 
 
+def test_fsdp_on_a_subgroup_is_not_compared_across_groups_that_differ_by_design(fsdp):
+    for run in fsdp:
+        report = _by_case(run)["subgroup"]
+        assert report["outcome"] == "unverified", report
+        assert "FSDP NO_SHARD over 2 of the 4 ranks" in report["not_compared"][0][1]
+        # the twin: the same full parameters as plain tensors differ between the two hosts (their own data)
+        assert _by_case(run)["subgroup-as-plain"]["versions"] == [[0, 1], [2, 3]]
+
+
 @needs_step_hooks
 def test_fsdp_under_the_zero_code_check_one_report_per_event_on_rank_0(fsdp):
     for run in fsdp:  # every optimizer's stream is the same on every rank (no agreement timed out)
-        for case in ("hybrid", "hybrid-orig", "full"):
+        for case in ("hybrid", "hybrid-orig", "full", "subgroup"):
             assert run.result[case + "-stream"] == {"checks": 5, "steps": 4, "stood_down": None}
     said = fsdp[0].messages
-    assert len(said) == 3, said
+    assert len(said) == 4, said
     assert sum("different parameters between step 3 (identical) and step 4" in m for m in said) == 2
     assert sum("could not compare" in m and "FSDP FULL_SHARD" in m for m in said) == 1
+    assert sum("could not compare" in m and "FSDP NO_SHARD over 2 of the 4 ranks" in m for m in said) == 1
     assert [run.messages for run in fsdp[1:]] == [[], [], []]
 
 

@@ -20,9 +20,9 @@ The rules, the same in the zero-code hook, the Lightning callback, ``check_sync`
    both marked ``_fsdp_flattened``), read from the ``FlatParamHandle`` that owns the tensor:
    ``HYBRID_SHARD`` over the ranks holding the same shard index (its inter-node replica group: the ranks
    whose gradients FSDP all-reduces for that shard); ``NO_SHARD`` over the whole world (every rank holds
-   it all); ``FULL_SHARD`` / ``SHARD_GRAD_OP``, torch_xla FSDP shards (``_is_sharded``) and a flat tensor
-   whose handle is not found: shards of this rank with no replica group, listed as not compared, with
-   the reason.
+   it all) -- both only when the FSDP module spans the whole world; ``FULL_SHARD`` / ``SHARD_GRAD_OP``,
+   FSDP on a subgroup, torch_xla FSDP shards (``_is_sharded``) and a flat tensor whose handle is not
+   found: listed as not compared, with the reason.
 4. Anything else: over the whole world.
 
 The layout is computed from the tensors and the environment alone, so ranks holding the same model
@@ -76,17 +76,25 @@ def shape_on_every_rank(tensor):
 
 
 def fsdp_handles(named):
-    """``{id(tensor): FlatParamHandle}`` for the FSDP1 tensors of ``named``: their flat parameter or an
-    original parameter viewing into it. A tensor does not point to its handle, so the live objects are
-    searched, only when some listed tensor carries FSDP's mark (one pass of ``gc.get_objects()``)."""
+    """``{id(tensor): (FlatParamHandle, replicas)}`` for the FSDP1 tensors of ``named``: their flat parameter
+    or an original parameter viewing into it; ``replicas``: the size of the inter-node replica group of the
+    FSDP module holding the handle (``HYBRID_SHARD``), or None. A tensor does not point to its handle, so the
+    live objects are searched, only when some listed tensor carries FSDP's mark (one pass of
+    ``gc.get_objects()``)."""
     wanted = {id(t) for _, t in named if getattr(t, "_fsdp_flattened", False)}
     if not wanted:
         return {}
     import gc
 
-    found = {}
+    found, inter = {}, {}
     for obj in gc.get_objects():
-        if type(obj).__name__ != "FlatParamHandle":
+        kind = type(obj).__name__
+        if kind == "FullyShardedDataParallel":
+            state = getattr(obj, "__dict__", {})
+            if state.get("_handle") is not None and state.get("_inter_node_pg") is not None:
+                inter[id(state["_handle"])] = state["_inter_node_pg"]
+            continue
+        if kind != "FlatParamHandle":
             continue
         flat = getattr(obj, "flat_param", None)
         if flat is None:
@@ -95,16 +103,39 @@ def fsdp_handles(named):
                 list(getattr(flat, "_shared_params", None) or ()):
             if id(tensor) in wanted:
                 found[id(tensor)] = obj
-    return found
+    dist = sys.modules.get("torch.distributed")
+    sizes = {}
+    for key, group in inter.items():
+        try:
+            sizes[key] = int(dist.get_world_size(group))
+        except Exception:
+            pass
+    return {key: (handle, sizes.get(id(handle))) for key, handle in found.items()}
 
 
-def _fsdp_placement(tensor, handle):
-    """Rule 3: an FSDP1 tensor by its handle's sharding strategy (a string when it is not compared)."""
+def _world_size():
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return int(dist.get_world_size()) if dist is not None and dist.is_initialized() else None
+    except Exception:
+        return None
+
+
+def _fsdp_placement(tensor, handle, replicas=None, world=None):
+    """Rule 3: an FSDP1 tensor by its handle's sharding strategy (a string when it is not compared). Only
+    an FSDP module spanning the whole world is compared: on a subgroup (FSDP beside tensor parallelism)
+    the ranks with the same shard index are not all replicas of each other."""
     strategy = getattr(getattr(handle, "_sharding_strategy", None), "name", None)
-    if strategy == "NO_SHARD":
-        return Placement(("world",), 1, 0, tensor, fingerprint.describe(tensor))
     shards, index = getattr(handle, "world_size", None), getattr(handle, "rank", None)
+    if strategy == "NO_SHARD":
+        if shards == world:
+            return Placement(("world",), 1, 0, tensor, fingerprint.describe(tensor))
+        return "%s: FSDP NO_SHARD over %s of the %s ranks (its replica group is not known)" % (
+            FLAT_SHARD, shards, world)
     if strategy in HYBRID and isinstance(shards, int) and isinstance(index, int) and 0 <= index < shards:
+        if replicas is None or world is None or shards * replicas != world:
+            return "%s: FSDP %s over %s x %s of the %s ranks (its replica groups are not known)" % (
+                FLAT_SHARD, strategy, shards, replicas, world)
         # the local shard's length differs between shard indices: the description holds only what all share
         description = ("FSDP %s shard of %d" % (strategy, shards), str(tensor.dtype).replace("torch.", ""))
         return Placement(("fsdp-hybrid", shards), shards, index, tensor, description)
@@ -147,12 +178,13 @@ def _neuron_groups():
     return tuple(groups) if len(groups) > 1 else None
 
 
-def placement(tensor, rank, neuron_groups=None, fsdp_handle=None):
-    """The :class:`Placement` of one tensor on ``rank``, or a string: why it is not compared."""
+def placement(tensor, rank, neuron_groups=None, fsdp_handle=None, world=None):
+    """The :class:`Placement` of one tensor on ``rank``, or a string: why it is not compared.
+    ``fsdp_handle``: ``(FlatParamHandle, replicas)`` of an FSDP1 tensor (:func:`fsdp_handles`)."""
     if _is_dtensor(tensor):
         return _dtensor_placement(tensor)
     if fsdp_handle is not None:
-        return _fsdp_placement(tensor, fsdp_handle)
+        return _fsdp_placement(tensor, fsdp_handle[0], fsdp_handle[1], world)
     if _is_flat_shard(tensor):
         return FLAT_SHARD
     if neuron_groups:
@@ -178,10 +210,11 @@ class Layout(object):
         named = list(named)
         neuron = _neuron_groups()
         handles = fsdp_handles(named)
+        world = _world_size() if handles else None
         found = []
         self.not_compared = []
         for name, tensor in named:
-            where = placement(tensor, rank, neuron, handles.get(id(tensor)))
+            where = placement(tensor, rank, neuron, handles.get(id(tensor)), world)
             if isinstance(where, str):
                 self.not_compared.append((name, where))
             else:

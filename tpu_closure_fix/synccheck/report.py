@@ -225,7 +225,7 @@ def act(report, on_divergence, rank=0, stacklevel=3):
     if report is None or report.outcome == "identical":
         return
     if report.outcome in ("unverified", "out_of_step"):
-        key = (report.outcome, report.reason)
+        key = (report.outcome, report.reason, report._not_compared_note())
         if key not in _warned_once:
             _warned_once.add(key)
             _say(report.message(), rank == 0 or report.local_error, stacklevel)

@@ -136,6 +136,10 @@ def run_children(commands, timeout, env=None, cwd=None, marker=RESULT_MARK, resu
             started.append(_start(list(argv), child_env, cwd, index, on_line))
         runs = []
         for (argv, proc, readers, start), result_file in zip(started, files):
+            if isinstance(proc, OSError):  # the interpreter could not be started at all
+                runs.append(ChildRun(argv, None, None, "", "", 0.0, False, "could not start %s: %s: %s"
+                                     % (argv[0], type(proc).__name__, proc)))
+                continue
             timed_out = not _wait_then_end_group(proc, deadline)
             for reader in readers:
                 reader.join(timeout=30)
@@ -147,8 +151,9 @@ def run_children(commands, timeout, env=None, cwd=None, marker=RESULT_MARK, resu
         # Ctrl-C (KeyboardInterrupt), SIGTERM turned into SystemExit, any error: the children run in sessions
         # of their own, so no terminal signal reaches them: end every group started, then go on unwinding
         for _, proc, _, _ in started:
-            _kill_group(proc)
-            proc.wait()
+            if not isinstance(proc, OSError):
+                _kill_group(proc)
+                proc.wait()
         raise
 
 
@@ -172,8 +177,11 @@ class _Reader(threading.Thread):
 
 def _start(argv, env, cwd, index, on_line):
     start = time.monotonic()
-    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, universal_newlines=True, start_new_session=True)
+    try:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, universal_newlines=True, start_new_session=True)
+    except OSError as exc:  # not executable, a missing shebang interpreter, another architecture
+        return argv, exc, [], start
     readers = [_Reader(proc.stdout, index, on_line), _Reader(proc.stderr, index, None)]
     for reader in readers:
         reader.start()

@@ -15,8 +15,11 @@ default, or ``--python PATH`` -- with the caller's environment and interpreter f
 :func:`startup_hook` turns the facts of (1) into "active" or "inactive, because ...", one numbered rule
 at a time. The child never searches the working directory (:func:`.child.python_code`).
 """
+import contextlib
 import os
+import shutil
 import sys
+import tempfile
 
 from . import child
 
@@ -89,23 +92,35 @@ def caller_flags(flags=None):
     return out
 
 
-def _fallback_path():
-    """Folders holding this process's tpu_closure_fix, wrapt and packaging: appended (last) to the path of a
-    child that cannot import the shim itself, so that it can still read the call-site table."""
-    folders = []
-    for name in ("tpu_closure_fix", "wrapt", "packaging"):
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None)
-        if path:
-            folder = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-            if folder not in folders:
-                folders.append(folder)
-    return folders
+#: What a child that cannot import the shim itself is lent, and nothing else of this process's environment.
+LENT = ("tpu_closure_fix", "wrapt", "packaging")
 
 
-def command(python=None, flags=None):
-    """The fresh interpreter's command line."""
-    code = (_FACTS + _REPORT).replace("__PTH__", repr(PTH)).replace("__FALLBACK__", repr(_fallback_path())) \
+@contextlib.contextmanager
+def _lent_folder():
+    """A private folder (``mkdtemp``, mode 0700) holding only this process's tpu_closure_fix, wrapt and
+    packaging (links, or copies where links fail): appended last to the path of a child that cannot import
+    the shim itself, so that it can read the call-site table without seeing this process's other packages
+    (its frameworks would be taken for the asked interpreter's). Removed afterwards."""
+    folder = tempfile.mkdtemp(prefix="tpu-closure-fix-lent-")
+    try:
+        for name in LENT:
+            path = getattr(sys.modules.get(name), "__file__", None)
+            if not path:
+                continue
+            package = os.path.dirname(os.path.abspath(path))
+            try:
+                os.symlink(package, os.path.join(folder, name))
+            except OSError:
+                shutil.copytree(package, os.path.join(folder, name))
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def command(python=None, flags=None, lent=None):
+    """The fresh interpreter's command line (``lent``: the folder of :func:`_lent_folder`)."""
+    code = (_FACTS + _REPORT).replace("__PTH__", repr(PTH)).replace("__FALLBACK__", repr([lent] if lent else [])) \
         .replace("__MARKER__", repr(child.RESULT_MARK))
     argv = child.python_code(code, python=python)
     return argv[:1] + (caller_flags() if flags is None else list(flags)) + argv[1:]
@@ -113,7 +128,8 @@ def command(python=None, flags=None):
 
 def run_status(python=None, flags=None, timeout=TIMEOUT):
     """``(payload, error)``: the fresh interpreter's facts and records, or None and why it failed."""
-    run = child.run_child(command(python, flags), timeout, env=child.safe_environment())
+    with _lent_folder() as lent:
+        run = child.run_child(command(python, flags, lent), timeout, env=child.safe_environment())
     if run.payload is None:
         return None, "%s could not report: %s" % (python or sys.executable, run.error or run.stderr_tail())
     return run.payload, None
@@ -167,8 +183,8 @@ def startup_hook(facts):
     # 1. Switched off: the start-up module is read but arms nothing.
     if not parse_switch(facts.get("switch"))[0]:
         return False, "TPU_CLOSURE_FIX=%s switches the shim off" % show_value(facts.get("switch"))
-    # 2. Armed at start (the .pth or a sitecustomize), or the shim already imported at start.
-    if facts.get("startup_armed") or facts.get("shim_at_start"):
+    # 2. Armed at start (the .pth or a sitecustomize) with the shim importable there, or already imported.
+    if facts.get("shim_at_start") or (facts.get("startup_armed") and origin is not None):
         return True, "armed at interpreter start by %s" % ("the start-up module" if facts.get("startup_armed")
                                                            else "a start-up file importing tpu_closure_fix")
     # 3. -S: no start-up file of site-packages is read.
