@@ -248,9 +248,12 @@ def test_a_signal_during_status_ends_its_child(tmp_path, sig, code):
     slow = tmp_path / "python"
     slow.write_text("#!/bin/sh\nexec sleep 300\n")
     slow.chmod(0o755)
+    # as from a terminal: SIGINT at its default (a background job or CI runner may have it ignored, and an
+    # interpreter started with SIGINT ignored never raises KeyboardInterrupt)
     parent = subprocess.Popen([sys.executable, "-m", "tpu_closure_fix", "status", "--python", str(slow)],
                               env=dict(os.environ, PYTHONPATH=REPO), cwd=str(tmp_path), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline, children = time.monotonic() + 120, []
         while not children and time.monotonic() < deadline:

@@ -367,7 +367,10 @@ def test_an_unverified_check_is_said_once_per_reason_by_rank_0_or_the_failing_ra
     import logging
     import warnings
 
-    report = _report("unverified", differing=[], reason="test reason %d" % id(object()))
+    import uuid
+
+    # a reason never said before in this process (warned once per reason: id() of a temporary repeats)
+    report = _report("unverified", differing=[], reason="test reason %s" % uuid.uuid4())
     report.local_error = local_error
     logged = []
     handler = logging.Handler()
