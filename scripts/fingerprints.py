@@ -72,7 +72,7 @@ def definition_source(text, qualname):
     body = tree.body
     node = None
     for part in qualname.split("."):
-        node = _last_definition(body, part)
+        node = _last_definition(body, _source_name(node, part))
         if node is None:
             return None
         body = node.body
@@ -81,6 +81,16 @@ def definition_source(text, qualname):
     lines = text.splitlines(True)
     first = min([node.lineno] + [decorator.lineno for decorator in node.decorator_list])
     return "".join(lines[first - 1:node.end_lineno])
+
+
+def _source_name(owner, name):
+    """How ``name`` (a table qualname part) is spelled in the source of class ``owner``: a private method
+    ``_Class__step`` is written ``__step`` there (Python mangles it when compiling the class)."""
+    if isinstance(owner, ast.ClassDef):
+        prefix = "_%s__" % owner.name.lstrip("_")
+        if name.startswith(prefix) and not name.endswith("__"):
+            return name[len(prefix) - 2:]
+    return name
 
 
 def _last_definition(body, name):

@@ -28,6 +28,7 @@ what was intended or from a cache that could go stale. :func:`reconcile` catches
 modules that were imported without the import hook firing (another import hook
 ahead of wrapt's, a failed registration) and patches them late, with a warning.
 """
+import inspect
 import logging
 import os
 import sys
@@ -225,8 +226,9 @@ def _decide(key, module=None):
         #    a verified release of a row: that row applies, fix or upstream fix alike.
         if not isinstance(owner, str):
             site, note = _same_code_row(rows, owner, attr, release)
-    # 6. Still no row: not in this release (no such class or method, or another site of the package knows
-    #    the release and this code has no buggy call), else unknown release: not verified, left untouched.
+    # 6. Still no row: not in this release (no such class or method, a release the integration found not
+    #    affected, or another site of the package knows the release and this code has no buggy call), else
+    #    unknown release: not verified, left untouched.
     if site is None:
         return _unknown_release(rows, package, release, None if isinstance(owner, str) else owner, attr)
     # 7. The row's class is missing from the module.
@@ -243,7 +245,7 @@ def _decide(key, module=None):
     if is_ours(current):
         if not _state.switch.on:
             return _passing_through(site, release)
-        return Finding(PATCHED, _state.notes.get(key, note), site, release, None)
+        return Finding(PATCHED, _with_caveat(site, _state.notes.get(key, note)), site, release, None)
     shape = site.shape.check(current, owner)
     # 11. A row of upstream-fixed code: FIXED UPSTREAM only when the code has the fix's shape (the helpers
     #     it reaches included: the closure runs before the reduction there).
@@ -263,6 +265,13 @@ def _decide(key, module=None):
     if site.integration in _state.switched_off:
         return Finding(DISABLED, _state.switched_off[site.integration], site, release, None)
     return Finding(PATCHABLE, note, site, release, (owner, attr, current))
+
+
+def _with_caveat(site, reason):
+    """A patched site's reason, with what its fix cannot cover where it says (``Fix.caveat``: a hook the user's
+    subclass may override instead of calling)."""
+    caveat = getattr(site.fix, "caveat", "")
+    return "; ".join(text for text in (reason, caveat) if text)
 
 
 def _passing_through(site, release):
@@ -313,6 +322,11 @@ def _same_code_row(rows, owner, attr, release):
 def _unknown_release(rows, package, release, owner, attr):
     if not _exists(owner, attr):  # no such class or method here: nothing of this site can run
         return Finding(ABSENT, "", None, release, None)
+    # Code of this site its integration read and found handing no closure to torch_xla in this release range
+    # (before the bug, or after the step moved elsewhere), as long as it holds none of the buggy call's names.
+    entry = _not_affected(rows[0], release, owner, attr)
+    if entry is not None:
+        return Finding(ABSENT, "%s %s: %s" % (package.split(".")[0], release, entry.why), None, release, None)
     if _package_knows(package, release):
         if not _has_buggy_shape(owner, attr, rows):
             return Finding(ABSENT, "", None, release, None)
@@ -324,6 +338,20 @@ def _unknown_release(rows, package, release, owner, attr):
     return Finding(SKIPPED, "unknown release %s of %s: not verified (known: %s; its code is not identical to "
                             "a verified release); left untouched"
                    % (release, package, _describe_ranges(package)), None, release, None)
+
+
+def _not_affected(row, release, owner, attr):
+    """The site's NOT_AFFECTED entry (sites.py) holding ``release``, whose forbidden names its code lacks, or None."""
+    from .shape import code_names
+
+    resolved = _resolved(owner, attr) if isinstance(owner, type) else None
+    code = getattr(inspect.unwrap(resolved[1]), "__code__", None) if resolved else None
+    if code is None:
+        return None
+    for entry in _sites.not_affected_for(row.module, row.qualname):
+        if in_range(release, entry.releases) and not set(entry.forbids) & code_names(code):
+            return entry
+    return None
 
 
 def _exists(owner, attr):
@@ -505,7 +533,7 @@ def _patch_site(key, module):
              finding.release, site.variant)
     if finding.reason:
         _state.notes[key] = finding.reason
-    return Finding(PATCHED, finding.reason, site, finding.release, None)
+    return Finding(PATCHED, _with_caveat(site, finding.reason), site, finding.release, None)
 
 
 def _base_patched(site):

@@ -162,6 +162,8 @@ class Fix(object):
     """Base class; ``describe()`` is what the support table prints."""
 
     name = "fix"
+    #: What the patch cannot reach, said with every ``patched`` verdict of its sites ("" for nothing).
+    caveat = ""
 
     def describe(self):
         raise NotImplementedError

@@ -33,6 +33,11 @@ CallSite = namedtuple(
 )
 
 
+#: Code of a site read and found handing no closure to torch_xla, in a release range no row names: the
+#: site is "not in this release" there while its code holds none of ``forbids`` (the buggy call's names).
+NotAffected = namedtuple("NotAffected", "package module qualname releases forbids why")
+
+
 def make_site(variant, integration, package, distribution, module, qualname, releases, shape=None, fix=None,
               inherits=None, fingerprints=(), note=""):
     return CallSite(variant, integration, package, distribution, module, qualname, releases, shape, fix, inherits,
@@ -49,6 +54,23 @@ def _collect():
 
 
 CALL_SITES = _collect()
+
+
+def _collect_not_affected():
+    from . import integrations
+
+    entries = []
+    for integration in integrations.load():
+        entries.extend(getattr(integration, "NOT_AFFECTED", ()))
+    return tuple(entries)
+
+
+NOT_AFFECTED = _collect_not_affected()
+
+
+def not_affected_for(module, qualname):
+    """The :data:`NOT_AFFECTED` entries of one site."""
+    return [entry for entry in NOT_AFFECTED if (entry.module, entry.qualname) == (module, qualname)]
 
 
 def site_key(site):

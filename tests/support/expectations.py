@@ -27,6 +27,19 @@ def trainer_affected(target):
     return dist in ("pytorch-lightning", "lightning") and version < TRAINER_FIXED_IN
 
 
+def trainer_site_carries_step(target, site):
+    """Whether ``site`` ("module:Class.method" of the Trainer) is where ``target``'s Trainer hands its closure to
+    torch_xla: the default ``LightningModule.optimizer_step`` hook in 1.0.x, ``LightningOptimizer`` in 1.1.x,
+    the TPU accelerator or precision plugin from 1.2 (the hook and LightningOptimizer step through them there)."""
+    version = parse_target(target)[1]
+    hook, lightning_optimizer = site.endswith(":LightningModule.optimizer_step"), ":LightningOptimizer." in site
+    if version < Version("1.1"):
+        return hook
+    if version < Version("1.2"):
+        return lightning_optimizer
+    return not (hook or lightning_optimizer)
+
+
 def has_trainer(target):
     dist, _ = parse_target(target)
     return dist in ("pytorch-lightning", "lightning")

@@ -107,7 +107,12 @@ def release_of(module):
 
 # --------------------------------------------------------------------------- call-site modules
 def trainer_precision_module():
-    """(module, class name, bf16 module, bf16 class name) of the Trainer's TPU precision plugin."""
+    """(module, class name, bf16 module, bf16 class name) of the Trainer's TPU precision plugin (before 1.2: of
+    the class whose method hands the closure to torch_xla)."""
+    if PL_RELEASE < Version("1.1"):
+        return importlib.import_module(pl.__name__ + ".core.lightning"), "LightningModule", None, None
+    if PL_RELEASE < Version("1.2"):
+        return importlib.import_module(pl.__name__ + ".core.optimizer"), "LightningOptimizer", None, None
     if PL_RELEASE < Version("1.5"):
         return importlib.import_module(pl.__name__ + ".accelerators.tpu"), "TPUAccelerator", None, None
     if PL_RELEASE < Version("2.1"):
@@ -260,8 +265,6 @@ def _run_accelerator(scenario, rank, world, harness):
     import torch
     from support import xla_standin as xm
 
-    module = importlib.import_module(pl.__name__ + ".accelerators.tpu")
-    accelerator = module.TPUAccelerator.__new__(module.TPUAccelerator)
     core_optimizer = _try(pl.__name__ + ".core.optimizer")
     do_nothing = getattr(core_optimizer, "do_nothing_closure", None) or (lambda: None)
     layers = harness.make_layers(scenario)
@@ -271,6 +274,7 @@ def _run_accelerator(scenario, rank, world, harness):
     opts = [harness.make_optimizer(scenario["optimizer"], g) for g in groups]
     for opt in opts:
         after_each_step(opt, lambda: xm.record("step"))
+    run_optimizer_step = _optimizer_step_of_release(layers, opts)
     accumulate = scenario.get("accumulate", 1)
     data = harness.batches(rank, scenario["steps"], accumulate)
     trajectory = []
@@ -298,7 +302,7 @@ def _run_accelerator(scenario, rank, world, harness):
                 opt.zero_grad()
                 loss.backward()
                 xm.record("backward")
-                accelerator.run_optimizer_step(opt, opt_idx, do_nothing)
+                run_optimizer_step(opt, opt_idx, do_nothing)
                 continue
             for i, (x, y) in enumerate(chunk[:-1]):
                 training_step_and_backward(opt, x, y, first=(i == 0))
@@ -310,9 +314,51 @@ def _run_accelerator(scenario, rank, world, harness):
                     torch.nn.utils.clip_grad_norm_(group, scenario["clip"])
                 return loss
 
-            accelerator.run_optimizer_step(opt, opt_idx, closure)
+            run_optimizer_step(opt, opt_idx, closure)
         trajectory.append(harness.flat(params))
     return trajectory
+
+
+def _optimizer_step_of_release(layers, opts):
+    """``step(optimizer, optimizer_idx, closure)``: the installed method that hands the closure to torch_xla.
+
+    PL 1.2-1.4: ``TPUAccelerator.run_optimizer_step``. PL 1.0.x: the default
+    ``LightningModule.optimizer_step`` hook, as those releases' TPU accelerator calls it (``on_tpu=True``).
+    PL 1.1.x: ``LightningOptimizer.__optimizer_step``, which the default hook and overrides reach through
+    ``optimizer.step(closure=...)``, with a CPU Trainer told it is on TPU and holding the module whose
+    zero_grad hooks follow the step.
+    """
+    if PL_RELEASE >= Version("1.2"):
+        module = importlib.import_module(pl.__name__ + ".accelerators.tpu")
+        return module.TPUAccelerator.__new__(module.TPUAccelerator).run_optimizer_step
+    import torch
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(layers)
+
+    model = Module()
+    if PL_RELEASE < Version("1.1"):
+        def module_hook(opt, opt_idx, closure):
+            model.optimizer_step(epoch=0, batch_idx=0, optimizer=opt, optimizer_idx=opt_idx,
+                                 optimizer_closure=closure, on_tpu=True, using_native_amp=False, using_lbfgs=False)
+        return module_hook
+    trainer = pl.Trainer(max_epochs=1, logger=False, checkpoint_callback=False)
+    trainer.model, trainer.on_tpu, trainer.optimizers = model, True, list(opts)
+    model.trainer = trainer
+    lightning_optimizers = []
+    for opt in opts:
+        lightning_optimizer = pl.core.optimizer.LightningOptimizer(opt)
+        lightning_optimizer._on_trainer_init(trainer)
+        lightning_optimizers.append(lightning_optimizer)
+
+    def lightning_optimizer_step(opt, opt_idx, closure):
+        # the private method LightningOptimizer.step calls once it decided to step (the trainer is held here)
+        getattr(lightning_optimizers[opt_idx], "_LightningOptimizer__optimizer_step")(
+            closure=closure, profiler_name="optimizer_step_and_closure_%d" % opt_idx)
+    lightning_optimizer_step.trainer = trainer  # LightningOptimizer holds only a weak proxy of it
+    return lightning_optimizer_step
 
 
 # --------------------------------------------------------------------------- Lite / Fabric

@@ -12,12 +12,13 @@ top-level package, or a sub-package of the unified ``lightning`` distribution
 import sys
 
 from ...shape import Shape
-from ...sites import make_site
-from .fixes import AcceleratorStepFix, LiteClosureFix, TrainerClosureFix
+from ...sites import NotAffected, make_site
+from .fixes import AcceleratorStepFix, LightningOptimizerFix, LiteClosureFix, ModuleHookFix, TrainerClosureFix
 
 NAME = "lightning"
 #: Top-level packages whose import arms the start-up watcher.
 PACKAGES = frozenset(("pytorch_lightning", "lightning", "lightning_lite", "lightning_fabric"))
+
 
 
 #: Code fingerprints (:mod:`tpu_closure_fix.identity`) of each fixed row's known code: one
@@ -26,6 +27,10 @@ PACKAGES = frozenset(("pytorch_lightning", "lightning", "lightning_lite", "light
 #: range; docs/fingerprints.json holds them per release); a test checks them against that file and,
 #: in the release matrix, against the loaded code.
 FINGERPRINTS = {
+    "pl-1.0.4": (("1.0.4", "sha256:7e20882947495f3d"), ("1.0.6", "sha256:531ec17e9e44ee1b")),
+    "pl-1.0.7": (("1.0.8", "sha256:1091ba501fc27f9c"),),
+    "pl-1.1.0": (("1.1.3", "sha256:a85b0436d8ac616e"),),
+    "pl-1.1.4": (("1.1.8", "sha256:bf07531de89760f2"),),
     "pl-1.2.0": (("1.2.2", "sha256:b45ca96081378e9d"),),
     "pl-1.2.3": (("1.2.7", "sha256:219d54974ee7349e"),),
     "pl-1.2.8": (("1.2.10", "sha256:5a1a985b8d6b3495"),),
@@ -63,6 +68,28 @@ def _site(variant, package, distribution, module, qualname, releases, shape=None
 _BUGGY = ("optimizer_step", "optimizer_args")
 _NOT_FIXED = ("reduce_gradients", "mark_step", "_tpu_wrap_closure", "_xla_wrap_closure")
 
+# PL 1.0.4-1.0.6: the default hook, every argument positional; 1.0.7-1.0.8: ``*args`` then keyword-only
+# arguments and ``**kwargs`` (no positional parameter but ``self``: the names are read from the code).
+MODULE_HOOK_POSITIONAL = Shape(
+    ("epoch", "batch_idx", "optimizer", "optimizer_idx", "optimizer_closure", "on_tpu", "using_native_amp",
+     "using_lbfgs"),
+    varkw=False,
+    requires=_BUGGY + ("optimizer_closure", "on_tpu"),
+    forbids=_NOT_FIXED,
+)
+MODULE_HOOK_KEYWORDS = Shape(
+    (),
+    requires=_BUGGY + ("args", "kwargs", "optimizer", "optimizer_closure", "on_tpu"),
+    forbids=_NOT_FIXED,
+)
+# PL 1.1: ``LightningOptimizer.__optimizer_step(self, *args, closure=None, profiler_name=None, **kwargs)``; the
+# fix also runs what follows the step (the zero_grad hooks), so their names are part of the shape.
+LIGHTNING_OPTIMIZER_1_1 = Shape(
+    (),
+    requires=_BUGGY + ("args", "kwargs", "closure", "profiler_name", "on_tpu", "_optimizer", "_optimizer_idx",
+                       "get_model", "profiler", "rpc_enabled", "on_before_zero_grad", "optimizer_zero_grad"),
+    forbids=_NOT_FIXED,
+)
 ACCELERATOR_1_2 = Shape(
     ("optimizer", "optimizer_idx", "lambda_closure"),
     requires=_BUGGY + ("closure", "lambda_closure"),
@@ -108,6 +135,9 @@ LITE = Shape(("optimizer",), requires=_BUGGY, forbids=_NOT_FIXED + ("barrier",))
 LITE_BARRIER = Shape(("optimizer",), requires=_BUGGY + ("barrier",), forbids=_NOT_FIXED)
 
 # --- fixes -------------------------------------------------------------------
+MODULE_HOOK = ModuleHookFix()
+LIGHTNING_OPTIMIZER_1_1_0 = LightningOptimizerFix(hook_gets_wrapper=True)  # on_before_zero_grad(self)
+LIGHTNING_OPTIMIZER_1_1_4 = LightningOptimizerFix(hook_gets_wrapper=False)  # on_before_zero_grad(optimizer)
 ACCELERATOR = AcceleratorStepFix()
 TRAINER_1_5 = TrainerClosureFix(returns_result=False, lite_when_not_lightning_module=True)
 TRAINER_1_6 = TrainerClosureFix(returns_result=True, lite_when_not_lightning_module=True)
@@ -130,7 +160,23 @@ LITE_BF16_STEP = "TPUBf16Precision.optimizer_step"
 XLA_STEP = "XLAPrecision.optimizer_step"
 ACC = "pytorch_lightning.accelerators.tpu"
 
+PL_CORE = "pytorch_lightning.core.lightning"
+PL_OPTIMIZER = "pytorch_lightning.core.optimizer"
+MODULE_STEP = "LightningModule.optimizer_step"
+LIGHTNING_OPTIMIZER_STEP = "LightningOptimizer._LightningOptimizer__optimizer_step"
+
 CALL_SITES = (
+    # ---- Trainer, pytorch-lightning 1.0.4-1.0.8: the default LightningModule.optimizer_step hook (1.0.0-1.0.3
+    #      step after the loop's own backward, without a closure: not affected, no row)
+    _site("pl-1.0.4", "pytorch_lightning", PL, PL_CORE, MODULE_STEP, ">=1.0.4,<1.0.7", MODULE_HOOK_POSITIONAL,
+          MODULE_HOOK, note="the default hook only: an override that steps the optimizer itself is not covered"),
+    _site("pl-1.0.7", "pytorch_lightning", PL, PL_CORE, MODULE_STEP, ">=1.0.7,<1.1.0", MODULE_HOOK_KEYWORDS,
+          MODULE_HOOK, note="the default hook only: an override that steps the optimizer itself is not covered"),
+    # ---- Trainer, pytorch-lightning 1.1: LightningOptimizer, reached by the default hook and by overrides
+    _site("pl-1.1.0", "pytorch_lightning", PL, PL_OPTIMIZER, LIGHTNING_OPTIMIZER_STEP, ">=1.1.0,<1.1.4",
+          LIGHTNING_OPTIMIZER_1_1, LIGHTNING_OPTIMIZER_1_1_0),
+    _site("pl-1.1.4", "pytorch_lightning", PL, PL_OPTIMIZER, LIGHTNING_OPTIMIZER_STEP, ">=1.1.4,<1.2.0",
+          LIGHTNING_OPTIMIZER_1_1, LIGHTNING_OPTIMIZER_1_1_4),
     # ---- Trainer, pytorch-lightning 1.2-1.4: TPUAccelerator.run_optimizer_step
     _site("pl-1.2.0", "pytorch_lightning", PL, ACC, RUN_STEP, ">=1.2.0,<1.2.3", ACCELERATOR_1_2, ACCELERATOR),
     _site("pl-1.2.3", "pytorch_lightning", PL, ACC, RUN_STEP, ">=1.2.3,<1.2.8", ACCELERATOR_1_2_BARRIER, ACCELERATOR),
@@ -194,6 +240,17 @@ CALL_SITES = (
           XLA_STEP, ">=2.1.0,<2.6.7", LITE_BARRIER, FABRIC_XLA_FIX),
 )
 
+
+#: LightningModule.optimizer_step outside 1.0.4-1.0.8, read in every release 0.2-1.0.3 and 1.1.0-1.1.8:
+#: "not in this release" while it holds no ``optimizer_args`` (the source scan, verify/scan.py, still searches
+#: the rest of the package).
+NOT_AFFECTED = (
+    NotAffected("pytorch_lightning", PL_CORE, MODULE_STEP, "<1.0.4", ("optimizer_args",),
+                "not affected: the hook steps after the loop's forward and backward, "
+                "xm.optimizer_step with no closure"),
+    NotAffected("pytorch_lightning", PL_CORE, MODULE_STEP, ">=1.1.0", ("optimizer_args",),
+                "the hook calls optimizer.step(closure=...); the XLA step is in another site of the table"),
+)
 
 
 #: Where the Trainer class lives, for the late-enable check below.

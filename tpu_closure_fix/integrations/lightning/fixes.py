@@ -7,7 +7,8 @@ method's own code obtains it (:func:`tpu_closure_fix.fixes.xla_model_for`).
 """
 from functools import partial
 
-from ...fixes import Fix, FixUnavailable, barrier, guarded, has_closure, reduce_after, xla_model_for
+from ...fixes import (Fix, FixUnavailable, barrier, bind_with_defaults, guarded, has_closure, reduce_after,
+                      xla_model_for)
 
 
 def _is_do_nothing_closure(closure):
@@ -148,3 +149,103 @@ class LiteClosureFix(Fix):
             return result
 
         return guarded(names, switch, lite_closure_fix, precondition=has_closure)
+
+
+def _bound_call(original, instance, args, kwargs):
+    """The call's arguments by parameter name (defaults applied, ``self`` included), or None when they do not
+    fit: the original then runs and raises what the user would have seen."""
+    return bind_with_defaults(original, (instance,) + tuple(args), kwargs)
+
+
+def _reduced_step(xm, optimizer, closure, step_kwargs):
+    """The upstream 1.9.0 order: the step evaluates the closure, each evaluation is followed by one
+    reduction of the gradients it produced, the update follows, then the barrier."""
+    result = optimizer.step(closure=partial(reduce_after, xm, optimizer, closure), **step_kwargs)
+    barrier(xm)
+    return result
+
+
+class ModuleHookFix(Fix):
+    """``LightningModule.optimizer_step`` (pytorch-lightning 1.0.4-1.0.8), the default hook.
+
+    On TPU (``on_tpu``) it hands ``optimizer_closure`` to ``xm.optimizer_step``,
+    which reduces before the closure runs. The fix runs upstream 1.9.0's order:
+    closure, one reduction, step, ``mark_step``; every other branch (GPU, AMP,
+    CPU) runs the original. A LightningModule that overrides ``optimizer_step``
+    is covered only where its override calls ``super().optimizer_step``.
+    """
+
+    name = "module-hook"
+    caveat = ("covers the default hook: a LightningModule overriding optimizer_step without calling "
+              "super().optimizer_step is not covered; tpu_closure_fix.check_sync(model, step) detects its divergence")
+
+    def describe(self):
+        return ("on TPU: closure -> reduce_gradients -> step -> mark_step (upstream 1.9.0 order); "
+                "otherwise: original. Only the default hook: an override that steps the optimizer itself is not "
+                "covered")
+
+    def prepare(self, site, original, switch):
+        xla_model = xla_model_for(original)
+
+        def module_hook_fix(wrapped, instance, args, kwargs):
+            values = None if not switch.on or instance is None else _bound_call(original, instance, args, kwargs)
+            if values is None or not values.get("on_tpu") or values.get("optimizer_closure") is None:
+                return wrapped(*args, **kwargs)
+            # what the original hands xm.optimizer_step besides the closure: **kwargs (1.0.7+), never *args
+            _reduced_step(xla_model(), values["optimizer"], values["optimizer_closure"], values.get("kwargs") or {})
+            return None
+
+        return module_hook_fix
+
+
+class LightningOptimizerFix(Fix):
+    """``LightningOptimizer.__optimizer_step`` (pytorch-lightning 1.1.x): the Trainer's default
+    ``optimizer_step`` and every override calling ``optimizer.step(closure=...)`` reach it.
+
+    On TPU (``trainer.on_tpu``) with a closure: the step under the release's
+    profiler section in upstream 1.9.0's order (closure, one reduction, step,
+    ``mark_step``), then what the release does after its step: the RPC worker
+    step where RPC is enabled, the ``on_before_zero_grad`` hook (given the
+    ``LightningOptimizer`` up to 1.1.3, the wrapped optimizer from 1.1.4:
+    ``hook_gets_wrapper``) and ``LightningModule.optimizer_zero_grad``.
+    Otherwise the original runs.
+    """
+
+    name = "lightning-optimizer"
+
+    def __init__(self, hook_gets_wrapper):
+        self.hook_gets_wrapper = hook_gets_wrapper
+
+    def describe(self):
+        return ("on TPU with a closure: closure -> reduce_gradients -> step -> mark_step (upstream 1.9.0 order), "
+                "then the release's zero_grad hooks; otherwise: original")
+
+    def prepare(self, site, original, switch):
+        xla_model = xla_model_for(original)
+        hook_gets_wrapper = self.hook_gets_wrapper
+
+        def lightning_optimizer_fix(wrapped, instance, args, kwargs):
+            trainer = getattr(instance, "_trainer", None)
+            if not switch.on or trainer is None or not trainer.on_tpu or kwargs.get("closure") is None:
+                return wrapped(*args, **kwargs)
+            values = _bound_call(original, instance, args, kwargs)
+            if values is None:
+                return wrapped(*args, **kwargs)
+            optimizer, model = instance._optimizer, trainer.get_model()
+            with trainer.profiler.profile(values["profiler_name"]):
+                # the original hands xm.optimizer_step the closure and **kwargs, never *args
+                _reduced_step(xla_model(), optimizer, values["closure"], values["kwargs"])
+            _after_step(trainer, model, instance, values)
+            trainer.train_loop.on_before_zero_grad(instance if hook_gets_wrapper else optimizer)
+            model.optimizer_zero_grad(trainer.current_epoch, trainer.batch_idx, optimizer, instance._optimizer_idx)
+            return None
+
+        return lightning_optimizer_fix
+
+
+def _after_step(trainer, model, lightning_optimizer, values):
+    """The release's RPC worker step, as it follows the step (never enabled on TPU: kept for the same code)."""
+    backend = trainer.accelerator_backend
+    if backend is not None and backend.rpc_enabled and backend.ddp_plugin.is_main_rpc_process:
+        backend.ddp_plugin.worker_optimizer_step(model=model, opt_idx=lightning_optimizer._optimizer_idx,
+                                                 *values["args"], **values["kwargs"])

@@ -17,7 +17,11 @@ The row's code shape decides how a step reaches the method, as in Lightning itse
   ``LightningOptimizer.step`` -> ``Strategy.optimizer_step`` -> the row's precision plugin, with
   Lightning's own ``Closure``; the event-order self-test runs a real one-step ``Trainer.fit``;
 * ``fabric`` (only ``optimizer``; Lite and Fabric): the optimizer wrapper's ``step(closure)`` ->
-  ``Strategy.optimizer_step`` -> the row's precision plugin.
+  ``Strategy.optimizer_step`` -> the row's precision plugin;
+* ``module-hook`` (the code holds ``optimizer_closure``; pytorch-lightning 1.0.4-1.0.8): the default
+  ``LightningModule.optimizer_step`` hook called as those releases' TPU accelerator calls it (``on_tpu=True``);
+* ``lightning-optimizer`` (the code holds ``profiler_name``; pytorch-lightning 1.1): the row's
+  ``LightningOptimizer`` method with a closure, its Trainer a CPU one told it is on TPU.
 
 Entry points (the interface every integration's ``verify.py`` provides):
 
@@ -38,11 +42,18 @@ from functools import partial
 from ...verify.events import record_each_step
 
 ACCELERATOR, TRAINER, FABRIC = "accelerator", "trainer", "fabric"
+MODULE_HOOK, LIGHTNING_OPTIMIZER = "module-hook", "lightning-optimizer"
 
 
 def kind_of(row):
-    """How a step reaches this row's method, judged by the parameters of its code shape."""
+    """How a step reaches this row's method, judged by the names of its code shape (its parameters; for
+    pytorch-lightning 1.0-1.1, whose methods take keyword-only arguments, the names the code must hold)."""
     params = row.shape.params if row.shape is not None else ()
+    requires = row.shape.requires if row.shape is not None else frozenset()
+    if "optimizer_closure" in requires:
+        return MODULE_HOOK
+    if "profiler_name" in requires:
+        return LIGHTNING_OPTIMIZER
     if "lambda_closure" in params:
         return ACCELERATOR
     if "model" in params:
@@ -102,7 +113,61 @@ def event_step(target, torch, xm, events):
         return _accelerator_event_step(target, torch, events)
     if kind == TRAINER:
         return _trainer_event_step(target, torch, events)
+    if kind == MODULE_HOOK:
+        return _module_hook_event_step(target, torch, events)
+    if kind == LIGHTNING_OPTIMIZER:
+        return _lightning_optimizer_event_step(target, torch, events)
     return _fabric_event_step(target, torch, events)
+
+
+def _recording_closure(torch, model, opt, x, y, events):
+    """A closure built like pytorch-lightning 1.0-1.1's ``train_step_and_backward_closure``: forward,
+    zero_grad, backward; returns the loss."""
+    def closure():
+        events.append("forward")
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        events.append("backward")
+        return loss.detach()
+
+    return closure
+
+
+def _module_hook_event_step(target, torch, events):
+    """pytorch-lightning 1.0.4-1.0.8: the TPU accelerator calls the module's ``optimizer_step`` hook with
+    ``on_tpu=True`` and the loop's closure (by keyword from 1.0.5; every release accepts them so)."""
+    model, x, y = _tiny(torch)
+    opt = _recording_sgd(torch, model.parameters(), events)
+    module = target.owner.__new__(target.owner)  # the TPU branch reads nothing of the module's state
+    getattr(module, target.attribute)(epoch=0, batch_idx=0, optimizer=opt, optimizer_idx=0,
+                                      optimizer_closure=_recording_closure(torch, model, opt, x, y, events),
+                                      on_tpu=True, using_native_amp=False, using_lbfgs=False)
+
+
+def _lightning_optimizer_event_step(target, torch, events):
+    """pytorch-lightning 1.1: ``LightningOptimizer.step(closure)`` reaches the row's method; a CPU Trainer
+    (told it is on TPU: test-only, in the child) holds the module whose zero_grad hooks follow the step."""
+    pl = _package(target.row)
+    _, x, y = _tiny(torch)
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(3, 1)
+
+        def forward(self, batch):
+            return self.layer(batch)
+
+    model = Tiny()
+    opt = _recording_sgd(torch, model.parameters(), events)
+    trainer = pl.Trainer(max_epochs=1, logger=False, checkpoint_callback=False)
+    trainer.model, trainer.on_tpu = model, True
+    model.trainer = trainer
+    lightning_optimizer = target.owner(opt)
+    lightning_optimizer._on_trainer_init(trainer)
+    getattr(lightning_optimizer, target.attribute)(closure=_recording_closure(torch, model, opt, x, y, events),
+                                                   profiler_name="optimizer_step")
 
 
 def _fabric_event_step(target, torch, events):
