@@ -56,9 +56,11 @@ PYTEST_TIMEOUT = 2400
 #: Verdicts under which a site's training is protected (what ``status`` exits 0 on).
 PROTECTED = ("patched", "fixed upstream", "guarded")
 
-#: --smoke: one target per call-site family (accelerator, Trainer plugin + Lite,
-#: fixed Trainer + Fabric TPUPrecision, Fabric XLAPrecision, accelerate's XLA step, optimum-neuron's step).
-SMOKE = ("pytorch-lightning==1.4.9", "pytorch-lightning==1.8.6", "pytorch-lightning==1.9.5",
+#: --smoke: one target per call-site family (the 1.0 module hook, the 1.1 LightningOptimizer, accelerator,
+#: Trainer plugin + Lite, fixed Trainer + Fabric TPUPrecision, Fabric XLAPrecision, accelerate's XLA step,
+#: optimum-neuron's step).
+SMOKE = ("pytorch-lightning==1.0.8", "pytorch-lightning==1.1.8", "pytorch-lightning==1.4.9",
+         "pytorch-lightning==1.8.6", "pytorch-lightning==1.9.5",
          "lightning-fabric==2.6.6", "accelerate==1.15.0", "optimum-neuron==0.4.5")
 
 #: Started first, so that no long target is left running alone at the end: the targets that run the

@@ -74,7 +74,16 @@ _PL_1_8_6 = [
     "tensorboardX==2.5.1", "protobuf==3.20.3", SETUPTOOLS,
 ]
 
+#: PL 1.0.x-1.1.x predate torchmetrics (metrics lived in pytorch_lightning.metrics). Their wheels ask for
+#: numpy, future, PyYAML, tqdm, fsspec and tensorboard; no module of theirs imports future (left out), and
+#: tensorboard's stack needs pkg_resources (setuptools 81).
+_PL_1_0 = ["tqdm==4.51.0", "fsspec==0.8.4", "PyYAML==6.0.1", "numpy==1.23.5"]
+
 TARGETS = {
+    "pytorch-lightning==1.0.4": ["pytorch-lightning==1.0.4"] + _PL_1_0 + _TB_STACK_1_2 + [SETUPTOOLS],
+    "pytorch-lightning==1.0.8": ["pytorch-lightning==1.0.8"] + _PL_1_0 + _TB_STACK_1_2 + [SETUPTOOLS],
+    "pytorch-lightning==1.1.0": ["pytorch-lightning==1.1.0"] + _PL_1_0 + _TB_STACK_1_2 + [SETUPTOOLS],
+    "pytorch-lightning==1.1.8": ["pytorch-lightning==1.1.8"] + _PL_1_0 + _TB_STACK_1_2 + [SETUPTOOLS],
     "pytorch-lightning==1.2.10": [
         "pytorch-lightning==1.2.10", "torchmetrics==0.2.0", "future==1.0.0",
         "packaging==20.9", "pyparsing==2.4.7", "tqdm==4.60.0", "fsspec==2021.4.0",
@@ -199,6 +208,13 @@ ACCELERATE_TARGETS = {
         "tqdm==4.70.1", "click==8.5.1", "hf-xet==1.8.0", "httpx2==2.16.2", "httpcore2==2.16.2",
         "anyio==4.16.0", "h11==0.16.0", "idna==3.20", "certifi==2026.5.20", "truststore==0.10.5",
     ],
+    # the newest: 1.15.0's requirements (torch now >= 2.6.0, the venv's 2.13.0 meets it), so its pins
+    "accelerate==1.16.0": [
+        "accelerate==1.16.0", "huggingface-hub==2.4.0", "safetensors==0.8.0", "numpy==2.4.6",
+        "packaging==26.4", "psutil==7.2.2", "PyYAML==6.0.4", "filelock==4.3.1", "fsspec==2026.9.0",
+        "tqdm==4.70.1", "click==8.5.1", "hf-xet==1.8.0", "httpx2==2.16.2", "httpcore2==2.16.2",
+        "anyio==4.16.0", "h11==0.16.0", "idna==3.20", "certifi==2026.5.20", "truststore==0.10.5",
+    ],
 }
 TARGETS.update(ACCELERATE_TARGETS)
 
@@ -246,6 +262,8 @@ for _w in (WRAPT_OLDEST, WRAPT_NEWEST):
 # ``verify_imports`` and by the test-suite.
 # --------------------------------------------------------------------------
 
+_PL_1_0_CORE = ["pytorch_lightning", "pytorch_lightning.core.lightning", "pytorch_lightning.accelerators.tpu_accelerator"]
+_PL_1_1_CORE = ["pytorch_lightning", "pytorch_lightning.core.optimizer", "pytorch_lightning.accelerators.tpu_accelerator"]
 _PL_ACC_TPU = ["pytorch_lightning", "pytorch_lightning.accelerators.tpu",
                "pytorch_lightning.plugins.precision.tpu_bfloat"]
 _PL_PREC_TPU = ["pytorch_lightning", "pytorch_lightning.plugins.precision.tpu",
@@ -258,6 +276,10 @@ _FABRIC_XLA = ["lightning_fabric", "lightning_fabric.plugins.precision.xla",
                "lightning_fabric.strategies.xla_fsdp", "lightning_fabric.wrappers"]
 
 MODULES = {
+    "pytorch-lightning==1.0.4": _PL_1_0_CORE,
+    "pytorch-lightning==1.0.8": _PL_1_0_CORE,
+    "pytorch-lightning==1.1.0": _PL_1_1_CORE,
+    "pytorch-lightning==1.1.8": _PL_1_1_CORE,
     "pytorch-lightning==1.2.10": _PL_ACC_TPU,
     "pytorch-lightning==1.3.8": _PL_ACC_TPU,
     "pytorch-lightning==1.4.9": _PL_ACC_TPU,
@@ -312,7 +334,7 @@ TRAIN = {}
 for _n in TARGETS:
     _dist, _, _ver = _n.split("+")[0].partition("==")
     if _dist == "pytorch-lightning":
-        TRAIN[_n] = ("trainer-old" if _ver.startswith(("1.2.", "1.3.", "1.4.")) else "trainer",
+        TRAIN[_n] = ("trainer-old" if _ver.startswith(("1.0.", "1.1.", "1.2.", "1.3.", "1.4.")) else "trainer",
                      "import pytorch_lightning as pl")
     elif _dist == "lightning":
         TRAIN[_n] = ("trainer", "import lightning.pytorch as pl")

@@ -271,7 +271,8 @@ def _print_result(args, outcome, status, events, graph, graph_unavailable):
         return outcome.exit_code
     print(report.render_header(status))
     print(report.render_table(records))
-    for line in report.render_uncovered(status.get("uncovered")):
+    for line in report.render_uncovered(status.get("uncovered")) + \
+            report.render_compiled_only(status.get("compiled_only")):
         print(line)
     print()
     print(_ascii("\n".join(render_events(events))))

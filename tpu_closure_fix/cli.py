@@ -21,7 +21,7 @@ def _cmd_status(args):
     print(report.render_header(result))
     if payload and "records" in payload:
         print(report.render_table(payload["records"], show_all=args.all))
-        for line in report.render_uncovered(result["uncovered"]):
+        for line in report.render_uncovered(result["uncovered"]) + report.render_compiled_only(result["compiled_only"]):
             print(line)
     print("\n" + result["reason"])
     if result["sync_check"]:

@@ -272,7 +272,8 @@ def status_json(payload, error=None):
             "startup_hook": {"active": active, "reason": why},
             "shim_version": (payload or {}).get("shim_version"), "shim_path": (payload or {}).get("shim_path"),
             "sync_check": (payload or {}).get("sync_check"), "sites": (payload or {}).get("records") or [],
-            "uncovered": (payload or {}).get("uncovered") or []}
+            "uncovered": (payload or {}).get("uncovered") or [],
+            "compiled_only": (payload or {}).get("compiled_only") or []}
 
 
 def render_header(result):
@@ -281,6 +282,59 @@ def render_header(result):
     state = "unknown" if hook["active"] is None else "active" if hook["active"] else "INACTIVE"
     return _cell("python: %s (%s); start-up hook: %s%s" % (python["executable"] or "?", python["version"] or "?",
                                                             state, " (%s)" % hook["reason"] if hook["reason"] else ""))
+
+
+# --------------------------------------------------------------------------- compiled-only distributions
+def compiled_only(records):
+    """One dict per installed distribution that an integration lists in ``COMPILED_ONLY`` (code no row can
+    cover: the integration's guard is its only net): ``distribution``, ``release``, ``call``, ``integration``
+    (whose guard it is), ``covered_by`` (that name when its guard covers the call now, else None) and
+    ``guard`` (its sites' verdicts, as ``records`` report them). Found by metadata alone: such a
+    distribution is never imported."""
+    from . import integrations as _integrations
+
+    found = []
+    for integration in _integrations.load():
+        for name, call in sorted(getattr(integration, "COMPILED_ONLY", {}).items()):
+            release = _metadata_release(name)
+            if release is None:
+                continue
+            guard = [r for r in records if r.get("integration") == integration.NAME]
+            # the engine's rule for "guarded" (every site of the guard patched); the call itself cannot be read
+            # (compiled only), so its published call through the module attribute is taken as given
+            covered = bool(guard) and all(r["verdict"] == engine.PATCHED for r in guard)
+            found.append({"distribution": name, "release": release, "call": call, "integration": integration.NAME,
+                          "covered_by": integration.NAME if covered else None,
+                          "guard": "; ".join(_verdict_text(r) for r in guard) or "no site"})
+    return found
+
+
+def _metadata_release(name):
+    """The version of the installed distribution ``name`` (read from its metadata, never imported), or None."""
+    try:
+        from importlib import metadata
+
+        return metadata.distribution(name).version or "?"
+    except Exception:  # not installed, or metadata that cannot be read: nothing to name
+        return None
+
+
+def _verdict_text(record):
+    return "%s %s%s" % (_site(record), record["verdict"], " (%s)" % record["reason"] if record["reason"] else "")
+
+
+def render_compiled_only(found):
+    """One line per installed compiled-only distribution: the guard covers its call, or nothing does."""
+    lines = []
+    for item in found or []:
+        head = "%s %s (compiled only, never patched or read; %s)" % (item["distribution"], item["release"],
+                                                                     item["call"])
+        if item["covered_by"]:
+            tail = "covered by the %s guard (%s)" % (item["covered_by"], item["guard"])
+        else:
+            tail = "NOTHING covers it: the %s guard is not in place (%s)" % (item["integration"], item["guard"])
+        lines.append(_cell("%s: %s." % (head, tail)))
+    return lines
 
 
 def render_uncovered(found):

@@ -39,9 +39,10 @@ TIMEOUT = 600
 REPRESENTATIVE = ("pytorch-lightning==1.8.6", "pytorch-lightning==1.8.6+wrapt==1.14.1", "lightning-fabric==2.6.6")
 START_UP = ("pytorch-lightning==1.8.6",)  # start-up files, switch parsing, locales: no release, no wrapt in it
 WRAPT_HOOKS = ("pytorch-lightning==1.8.6", "pytorch-lightning==1.8.6+wrapt==1.14.1")  # wrapt's hooks, any release
-#: one target per call-site family: accelerator, Trainer plugin + Lite, fixed Trainer, Fabric XLAPrecision
-FAMILIES = ("pytorch-lightning==1.4.9", "pytorch-lightning==1.8.6", "pytorch-lightning==2.6.6",
-            "lightning-fabric==2.6.6")
+#: one target per call-site family: the 1.0 module hook, the 1.1 LightningOptimizer, accelerator, Trainer
+#: plugin + Lite, fixed Trainer, Fabric XLAPrecision
+FAMILIES = ("pytorch-lightning==1.0.8", "pytorch-lightning==1.1.8", "pytorch-lightning==1.4.9",
+            "pytorch-lightning==1.8.6", "pytorch-lightning==2.6.6", "lightning-fabric==2.6.6")
 ONLY_ON = {
     # the main affected Trainer+Lite release, the oldest supported wrapt, the newest Fabric
     "test_activation.py": REPRESENTATIVE,
@@ -59,11 +60,14 @@ ONLY_ON = {
     "test_code_identity.py": ("lightning-fabric==2.6.6",),
     # The newest Trainer, presented as 2.7.0: classes kept for old import paths judged as what they inherit.
     "test_next_release.py": ("pytorch-lightning==2.6.6",),
-    # one target per call-site family: accelerator, Trainer plugin + Lite, fixed Trainer + Fabric XLAPrecision
-    "test_check.py": ("pytorch-lightning==1.4.9", "pytorch-lightning==1.5.10", "pytorch-lightning==1.8.6",
+    # one target per call-site family: the 1.0 module hook, the 1.1 LightningOptimizer, accelerator, Trainer
+    # plugin + Lite, fixed Trainer + Fabric XLAPrecision
+    "test_check.py": ("pytorch-lightning==1.0.8", "pytorch-lightning==1.1.8",
+                      "pytorch-lightning==1.4.9", "pytorch-lightning==1.5.10", "pytorch-lightning==1.8.6",
                       "pytorch-lightning==2.6.6",
                       "lightning-fabric==2.6.6"),
-    "test_accelerate.py": ("accelerate==0.27.2", "accelerate==0.28.0", "accelerate==1.0.1", "accelerate==1.15.0"),
+    "test_accelerate.py": ("accelerate==0.27.2", "accelerate==0.28.0", "accelerate==1.0.1", "accelerate==1.15.0",
+                           "accelerate==1.16.0"),
     # the LBFGS lockstep rule, through each kind of fix: Fabric's precision plugin and accelerate's step
     "test_lockstep.py": ("lightning-fabric==2.6.6", "accelerate==1.15.0"),
     # optimum-neuron (Trainium): one target per row of NeuronAcceleratedOptimizer.step
@@ -81,6 +85,9 @@ ONLY_ON = {
     "test_activation.py::test_pth_idle_interpreter_pays_nothing": START_UP,
     "test_activation.py::test_pythonstartup_interactive_only": START_UP,
     "test_activation.py::test_switch_values": START_UP,
+    # where Python reads .pth files from is the interpreter's rule, the same under every release and wrapt
+    "test_activation.py::test_a_target_install_is_unprotected_naming_the_reason_and_the_fix": START_UP,
+    "test_activation.py::test_the_twin_in_site_packages_is_protected_with_the_hook_active": START_UP,
     "test_activation.py::test_a_unicode_space_in_the_switch_is_a_bad_value_under_every_locale": START_UP,
     "test_activation.py::test_a_line_break_in_the_switch_is_quoted_on_one_row": START_UP,
     "test_activation.py::test_pth_plus_import_one_layer": WRAPT_HOOKS,

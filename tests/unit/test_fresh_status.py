@@ -342,33 +342,38 @@ def fresh_scan():
     return scan
 
 
-def _package(root, source):
-    """A folder on the path holding a package named pytorch_lightning whose core/optimizer.py is ``source``
-    (the scan reads files; the site modules of the table are absent from it: "not in this release")."""
+def _package(root, source, name="optimizer"):
+    """A folder on the path holding a package named pytorch_lightning whose core/<name>.py is ``source``
+    (the scan reads files; the site modules of the table other than that one are absent from it: "not in
+    this release")."""
     package = root / "pytorch_lightning"
     (package / "core").mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "core" / "__init__.py").write_text("")
-    (package / "core" / "optimizer.py").write_text(source)
+    (package / "core" / ("%s.py" % name)).write_text(source)
     return str(root)
 
 
+#: 1.1.8's step (a site of the table since its row was added) in a method no row names
+UNCOVERED = PL_1_1_8.replace("def __optimizer_step(", "def __step_on_tpu(")
+
+
 def test_a_release_with_an_uncovered_xla_step_could_not_verify_naming_file_and_line(tmp_path):
-    folder = _package(tmp_path, "import torch_xla.core.xla_model as xm\n" + PL_1_1_8)
+    folder = _package(tmp_path, "import torch_xla.core.xla_model as xm\n" + UNCOVERED)
     proc = cli("status", "--json", env={"PYTHONPATH": os.pathsep.join([folder, REPO])}, cwd=str(tmp_path))
     out = json.loads(proc.stdout)
     assert (proc.returncode, out["outcome"]) == (3, "could not verify"), out["reason"]
     where = os.path.join(folder, "pytorch_lightning", "core", "optimizer.py")
     assert out["uncovered"] == [{"file": where, "line": 8, "module": "pytorch_lightning.core.optimizer",
-                                 "function": "LightningOptimizer.__optimizer_step"}]
+                                 "function": "LightningOptimizer.__step_on_tpu"}]
     assert out["reason"].startswith("COULD NOT VERIFY: %s:8 (pytorch_lightning.core.optimizer:LightningOptimizer."
-                                    "__optimizer_step) holds an XLA optimizer step" % where)
+                                    "__step_on_tpu) holds an XLA optimizer step" % where)
     text = cli("status", env={"PYTHONPATH": os.pathsep.join([folder, REPO])}, cwd=str(tmp_path))
     assert text.returncode == 3 and "XLA optimizer step no row covers: %s:8" % where in text.stdout
 
 
 def test_the_twin_without_a_closure_into_the_step_has_nothing_to_protect(tmp_path):
-    folder = _package(tmp_path, PL_1_0_3)
+    folder = _package(tmp_path, PL_1_0_3, name="hooks")  # a module no row names: nothing of it is imported
     proc = cli("status", "--json", env={"PYTHONPATH": os.pathsep.join([folder, REPO])}, cwd=str(tmp_path))
     out = json.loads(proc.stdout)
     assert (proc.returncode, out["outcome"], out["uncovered"]) == (0, "nothing to protect", []), out["reason"]
@@ -429,3 +434,86 @@ def test_an_interpreter_that_cannot_start_could_not_verify_exit_3(tmp_path):
     out = json.loads(proc.stdout)
     assert (proc.returncode, out["outcome"]) == (3, "could not verify"), out["reason"]
     assert "could not start %s" % broken in out["reason"] and "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- compiled-only distributions
+#: torch_xla's ``optimizer_step`` as 2.1-2.9 write it (the guard's shape): reduce, step, barrier.
+XLA_MODEL = '''
+def reduce_gradients(optimizer, groups=None, pin_layout=True):
+    pass
+
+def mark_step():
+    pass
+
+def optimizer_step(optimizer, barrier=False, optimizer_args={}, groups=None, pin_layout=True):
+    reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
+    loss = optimizer.step(**optimizer_args)
+    if barrier:
+        mark_step()
+    return loss
+'''
+
+
+def _enterprise(root, xla_release=None):
+    """A folder holding an installed pytorch-lightning-enterprise 2.6.0 as its metadata alone (the shim must
+    find it without importing it: no package beside it) and, given ``xla_release``, a stand-in torch_xla."""
+    info = root / "pytorch_lightning_enterprise-2.6.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: pytorch-lightning-enterprise\nVersion: 2.6.0\n")
+    if xla_release:
+        (root / "torch_xla" / "core").mkdir(parents=True)
+        (root / "torch_xla" / "__init__.py").write_text("__version__ = %r\n" % xla_release)
+        (root / "torch_xla" / "core" / "__init__.py").write_text("")
+        (root / "torch_xla" / "core" / "xla_model.py").write_text(XLA_MODEL)
+    return str(root)
+
+
+def _status_with_enterprise(tmp_path, xla_release, **env):
+    env = dict(env, PYTHONPATH=os.pathsep.join([_enterprise(tmp_path / "site", xla_release), REPO]))
+    proc = cli("status", "--json", env=env, cwd=str(tmp_path))
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_an_installed_compiled_only_distribution_is_named_covered_by_the_patched_guard(tmp_path):
+    code, out = _status_with_enterprise(tmp_path, "2.9.0")
+    assert (code, out["outcome"]) == (0, "protected"), out["reason"]
+    (item,) = out["compiled_only"]
+    assert item == {"distribution": "pytorch-lightning-enterprise", "release": "2.6.0", "integration": "torch_xla",
+                    "covered_by": "torch_xla",
+                    "call": "XLAPrecision.optimizer_step passes the closure to xm.optimizer_step",
+                    "guard": "torch_xla.core.xla_model:optimizer_step patched"}
+    (line,) = report.render_compiled_only(out["compiled_only"])
+    assert line.startswith("pytorch-lightning-enterprise 2.6.0 (compiled only") and \
+        "covered by the torch_xla guard (torch_xla.core.xla_model:optimizer_step patched)." in line
+    with open(os.path.join(REPO, "docs", "status.schema.json")) as handle:
+        _validate(out, json.load(handle))
+    text = cli("status", env={"PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), REPO])}, cwd=str(tmp_path))
+    assert text.returncode == 0 and line in text.stdout.splitlines()
+
+
+@pytest.mark.parametrize("xla_release, env, guard", [
+    ("2.9.0", {"TPU_CLOSURE_FIX_DISABLE": "torch_xla"}, "optimizer_step disabled (TPU_CLOSURE_FIX_DISABLE"),
+    ("2.9.0", {"TPU_CLOSURE_FIX": "0"}, "optimizer_step disabled (TPU_CLOSURE_FIX=0"),
+    ("2.10.0", {}, "optimizer_step skipped (unknown release 2.10.0"),  # the guard's release is unknown
+])
+def test_a_compiled_only_distribution_with_the_guard_not_in_place_is_covered_by_nothing(tmp_path, xla_release, env,
+                                                                                         guard):
+    code, out = _status_with_enterprise(tmp_path, xla_release, **env)
+    # the guard's own site runs unguarded: that alone makes the interpreter unprotected
+    assert (code, out["outcome"]) == (1, "unprotected"), out["reason"]
+    (item,) = out["compiled_only"]
+    assert item["covered_by"] is None and guard in item["guard"], item
+    (line,) = report.render_compiled_only(out["compiled_only"])
+    assert "NOTHING covers it: the torch_xla guard is not in place (torch_xla.core.xla_model:" + guard in line
+
+
+def test_a_compiled_only_distribution_without_torch_xla_is_named_and_nothing_covers_it(tmp_path):
+    code, out = _status_with_enterprise(tmp_path, None)
+    # no torch_xla: its XLA step cannot run here, nothing is affected
+    assert (code, out["outcome"]) == (0, "nothing to protect"), out["reason"]
+    (item,) = out["compiled_only"]
+    assert item["covered_by"] is None and item["guard"] == "torch_xla.core.xla_model:optimizer_step not installed"
+
+
+def test_without_a_compiled_only_distribution_nothing_is_named():
+    assert report.compiled_only([]) == [] and report.render_compiled_only([]) == []

@@ -9,6 +9,9 @@ An integration is a package ``tpu_closure_fix.integrations.<name>`` with:
 * ``CALL_SITES``: its rows of the call-site table (:mod:`tpu_closure_fix.sites`);
 * optionally ``late_enable_warning()``: called when the shim is enabled after
   the framework was imported; returns a message if unfixed steps already ran.
+* optionally ``COMPILED_ONLY``: {distribution: its call} of compiled-only
+  distributions that no row covers and only this integration's guard can
+  (``status`` names them when installed: :func:`tpu_closure_fix.report.compiled_only`).
 
 Its fixes live in ``<name>/fixes.py``; what the self-test and the graph check
 drive for it lives in ``<name>/verify.py``, which the patching core never

@@ -156,7 +156,7 @@ def payload(facts):
         uncovered, scan_error = [], "%s: %s" % (type(exc).__name__, exc)
     return {"facts": facts, "records": records, "shim_version": __version__,
             "shim_path": os.path.dirname(os.path.abspath(tpu_closure_fix.__file__)), "sync_check": _sync_check_line(),
-            "uncovered": uncovered, "scan_error": scan_error}
+            "uncovered": uncovered, "scan_error": scan_error, "compiled_only": report.compiled_only(records)}
 
 
 def _sync_check_line():

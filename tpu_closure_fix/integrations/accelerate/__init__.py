@@ -13,7 +13,7 @@ between two adjacent releases that were both read:
 0.28.0-1.6.0    ``DistributedType.XLA``: ``xm.all_reduce("sum", xm._fetch_gradients(...),
                 scale=1.0 / xm.xrt_world_size())`` unless ``is_xla_gradients_synced``,
                 then ``self.optimizer.step(closure)`` (LOMO early return from 0.30.0)
-1.7.0-1.15.0    the same with ``scale=1.0 / xr.world_size()``
+1.7.0-1.16.0    the same with ``scale=1.0 / xr.world_size()``
 ==============  ===============================================================
 
 0.1.0-0.3.0 take no closure (not affected) and have no row: like any release
@@ -54,7 +54,7 @@ XLA_XR = Shape(PARAMS, varkw=False, requires=_XLA_STEP + ("xr", "world_size"),
 
 #: Code fingerprints (:mod:`tpu_closure_fix.identity`) of each row's known code, one ``(release,
 #: fingerprint)`` pair per distinct code, named by the newest release read that has it. Measured by
-#: ``python scripts/fingerprints.py wheels`` from the 36 closure-taking wheels read (not every
+#: ``python scripts/fingerprints.py wheels`` from the 37 closure-taking wheels read (not every
 #: release; docs/fingerprints.json lists them per release). 0.21.0 and 0.22.0 changed only the scaler branch.
 FINGERPRINTS = {
     "accelerate-0.4": (("0.5.1", "sha256:05ba936f9527a4b2"),),
@@ -62,7 +62,7 @@ FINGERPRINTS = {
     "accelerate-0.11": (("0.20.3", "sha256:8306a2f6a6537970"), ("0.21.0", "sha256:03370a90194583e2"),
                         ("0.27.2", "sha256:378a8f66ea8a439d")),
     "accelerate-0.28": (("0.29.3", "sha256:b0fdce55d3656a41"), ("1.6.0", "sha256:59b2457bd134540c")),
-    "accelerate-1.7": (("1.15.0", "sha256:99a5512f038b56d2"),),
+    "accelerate-1.7": (("1.16.0", "sha256:99a5512f038b56d2"),),
 }
 
 
@@ -78,5 +78,5 @@ CALL_SITES = (
     _site("accelerate-0.11", ">=0.11.0,<0.28.0", TPU_SYNC_GATED,
           OptimizerStepClosureFix("accelerator_state", gated=True)),
     _site("accelerate-0.28", ">=0.28.0,<1.7.0", XLA_XRT, XlaClosureFix("xrt"), note="LOMO early return from 0.30.0"),
-    _site("accelerate-1.7", ">=1.7.0,<1.15.1", XLA_XR, XlaClosureFix("xr")),
+    _site("accelerate-1.7", ">=1.7.0,<1.16.1", XLA_XR, XlaClosureFix("xr")),
 )

@@ -36,6 +36,14 @@ CALL_SITES = (
               note="the net under every framework: any closure passed in optimizer_args"),
 )
 
+#: Distributions whose code hands its closure to ``xm.optimizer_step`` but that no row can cover: they
+#: ship compiled code only, under a licence that restricts its use and modification, so the shim never
+#: patches, imports or reads them. This guard is their only net; ``status`` names them when installed
+#: (found by their metadata alone) with whether it covers them. {distribution: the call, as published}.
+COMPILED_ONLY = {
+    "pytorch-lightning-enterprise": "XLAPrecision.optimizer_step passes the closure to xm.optimizer_step",
+}
+
 
 def covers(function, guards):
     """True when ``function`` hands a closure to ``xm.optimizer_step`` and that call reaches the guard.
