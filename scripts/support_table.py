@@ -6,6 +6,7 @@ Usage::
     python scripts/support_table.py                  # rewrite docs/support.md's table and README's summary
     python scripts/support_table.py --check          # exit 1 if either is out of date
     python scripts/support_table.py --update-results # copy results/matrix.json -> docs/matrix-results.json, then rewrite
+    python scripts/support_table.py --merge-results DIR/matrix.json  # a partial run's targets into it, then rewrite
     python scripts/support_table.py --print          # print the full table only
 
 Two generated blocks: the full table in docs/support.md (one row per call-site
@@ -67,6 +68,28 @@ def trim(matrix):
             "scenarios": summary.get("scenarios"),
         }
     return out
+
+
+def _matrix_targets():
+    """The matrix's targets, in its order (scripts/targets.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tpu_closure_fix_targets", os.path.join(REPO, "scripts", "targets.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TARGETS
+
+
+def merge(documented, run, order):
+    """``documented`` with the targets of a partial matrix ``run`` (both trimmed) put in or replaced, listed in
+    ``order`` (the matrix's own target order); the run's date is kept beside the targets it measured."""
+    merged = dict(documented, targets=dict(documented.get("targets", {})))
+    merged["targets"].update(run["targets"])
+    names = set(documented.get("order") or ()) | set(run.get("order") or ())
+    merged["order"] = [n for n in order if n in names] + sorted(n for n in names if n not in order)
+    merged["merged"] = list(documented.get("merged") or ()) + [
+        {"generated": run.get("generated"), "targets": sorted(run["targets"])}]
+    return merged
 
 
 def load_results(path):
@@ -270,6 +293,9 @@ def main(argv=None):
     parser.add_argument("--update-results", action="store_true",
                         help="copy %s to %s (trimmed) first" % (os.path.relpath(RUN_RESULTS, REPO),
                                                                 os.path.relpath(DOCS_RESULTS, REPO)))
+    parser.add_argument("--merge-results", metavar="MATRIX_JSON",
+                        help="put the targets of a partial matrix run (scripts/matrix.py --targets ... --results DIR:"
+                             " DIR/matrix.json) into %s, keeping the others" % os.path.relpath(DOCS_RESULTS, REPO))
     parser.add_argument("--results", default=DOCS_RESULTS, help="matrix results to read (default docs/matrix-results.json)")
     parser.add_argument("--readme", default=README)
     parser.add_argument("--support", default=SUPPORT)
@@ -284,6 +310,15 @@ def main(argv=None):
             json.dump(trimmed, handle, indent=1, sort_keys=True)
             handle.write("\n")
         print("wrote %s" % os.path.relpath(DOCS_RESULTS, REPO))
+
+    if args.merge_results:
+        with open(args.merge_results) as handle:
+            run = trim(json.load(handle))
+        merged = merge(load_results(DOCS_RESULTS), run, list(_matrix_targets()))
+        with open(DOCS_RESULTS, "w") as handle:
+            json.dump(merged, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+        print("merged %d target(s) into %s" % (len(run["targets"]), os.path.relpath(DOCS_RESULTS, REPO)))
 
     results = load_results(args.results)
     table = build_table(results)
