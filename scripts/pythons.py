@@ -10,7 +10,8 @@ wrapt, packaging and the torch of PLANS (none, where the interpreter has no torc
 then installs this checkout's wheel into it (not editable: the .pth and the start-up module are
 installed as a user gets them). A venv is kept while its stamp (the plan and the interpreter's full
 version) matches, so a second run only refreshes the wheel. ``test`` builds what is missing, then
-runs tests/unit in each venv (JUnit report results/junit-py<minor>-unit.xml) and the plan's targets
+runs tests/unit in each venv (JUnit report results/junit-py<minor>-unit.xml; the cases marked
+``many_ranks``, four or more processes, run in the base interpreter only) and the plan's targets
 (scripts/targets.py installs them into .cache/pythons/<minor>/targets with that interpreter;
 reports results/junit-py<minor>-<target>.xml). ``--skip-minor`` leaves out an interpreter whose
 unit tests another stage ran (scripts/test.sh: the base venv's); it is listed as such.
@@ -255,8 +256,9 @@ def main(argv=None):
             if not ready or args.action == "build":
                 continue
             unit = os.path.join(results, junit_name(minor, "unit"))
-            ok = run_pytest(minor, ["tests/unit", "--ignore=tests/unit/test_properties.py"], unit, base_env(),
-                            "tests/unit") and ok
+            # the four-or-more-process cases (layouts, report counts at scale) run in the base interpreter
+            ok = run_pytest(minor, ["tests/unit", "--ignore=tests/unit/test_properties.py", "-m", "not many_ranks"],
+                            unit, base_env(), "tests/unit") and ok
             ok = run_targets(minor, results) and ok
     finally:
         shutil.rmtree(wheel_folder, ignore_errors=True)

@@ -18,6 +18,10 @@ import importlib.util  # noqa: E402
 
 from support import ranks  # noqa: E402
 
+#: Four or more processes: what they test (layouts, report counts at scale) does not depend on the
+#: interpreter, so the other interpreters' runs (scripts/pythons.py) leave them to the base one.
+MANY_RANKS = pytest.mark.many_ranks
+
 _torch = importlib.import_module("torch")
 #: The zero-code hook is torch's global optimizer step hook (torch >= 2.0).
 needs_step_hooks = pytest.mark.skipif(
@@ -204,6 +208,7 @@ def dtensor(tmp_path_factory):
     return _ok(ranks.run_ranks("dtensor", 4, tmp_path_factory.mktemp("dtensor"), env={"TPU_CLOSURE_FIX": "0"}))
 
 
+@MANY_RANKS
 def test_dtensor_shards_differ_over_tp_and_agree_over_dp(dtensor):
     for run in dtensor:
         assert run.result["coordinate"] == [run.rank // 2, run.rank % 2]
@@ -215,6 +220,7 @@ def test_dtensor_shards_differ_over_tp_and_agree_over_dp(dtensor):
         assert report["outcome"] == "differ" and report["versions"] == [[0, 2], [1, 3]]
 
 
+@MANY_RANKS
 def test_dtensor_replicas_that_agree_over_dp_are_identical(dtensor):
     for run in dtensor:
         for case in ("dict", "list"):
@@ -223,6 +229,7 @@ def test_dtensor_replicas_that_agree_over_dp_are_identical(dtensor):
             assert "all 2 parameter tensors bitwise identical on all 4 replicas" in report["message"]
 
 
+@MANY_RANKS
 def test_dtensor_local_shard_changed_on_one_dp_replica_is_named(dtensor):
     for run in dtensor:
         report = _by_case(run)["changed"]
@@ -238,6 +245,7 @@ def neuron(tmp_path_factory):
     return _ok(ranks.run_ranks("neuron", 4, tmp_path_factory.mktemp("neuron"), env={"TPU_CLOSURE_FIX": "0"}))
 
 
+@MANY_RANKS
 def test_neuron_tp_shards_agreeing_within_dp_groups_are_identical(neuron):
     for run in neuron:
         assert run.result["groups"] == [[0, 2], [1, 3]]
@@ -247,6 +255,7 @@ def test_neuron_tp_shards_agreeing_within_dp_groups_are_identical(neuron):
         assert without["versions"] == [[0, 2], [1, 3]]
 
 
+@MANY_RANKS
 def test_neuron_one_dp_replica_changed_differs(neuron):
     for run in neuron:
         report = _by_case(run)["changed"]
@@ -262,6 +271,7 @@ def fsdp(tmp_path_factory):
     return _ok(ranks.run_ranks("fsdp", 4, tmp_path_factory.mktemp("fsdp"), env={SYNC: "1", TIMEOUT_VAR: "30"}))
 
 
+@MANY_RANKS
 def test_fsdp_hybrid_shards_are_compared_over_their_replica_groups(fsdp):
     for run in fsdp:
         for case, count in (("hybrid", 1), ("hybrid-orig", 4)):
@@ -277,6 +287,7 @@ def test_fsdp_hybrid_shards_are_compared_over_their_replica_groups(fsdp):
     assert fsdp[0].result["hybrid-orig"] == fsdp[2].result["hybrid-orig"]
 
 
+@MANY_RANKS
 def test_fsdp_hybrid_shard_changed_on_one_replica_is_named(fsdp):
     for run in fsdp:
         for case in ("hybrid", "hybrid-orig"):
@@ -285,6 +296,7 @@ def test_fsdp_hybrid_shard_changed_on_one_replica_is_named(fsdp):
             assert report["differing"] == run.result[case + "-changed"]
 
 
+@MANY_RANKS
 def test_fsdp_full_shard_is_not_compared_and_never_identical(fsdp):
     for run in fsdp:
         for case in ("full", "full-changed"):
@@ -296,6 +308,7 @@ def test_fsdp_full_shard_is_not_compared_and_never_identical(fsdp):
         assert _by_case(run)["full-as-plain"]["versions"] == [[0], [1], [2], [3]]  # the twin: shards differ
 
 
+@MANY_RANKS
 def test_fsdp_on_a_subgroup_is_not_compared_across_groups_that_differ_by_design(fsdp):
     for run in fsdp:
         report = _by_case(run)["subgroup"]
@@ -306,6 +319,7 @@ def test_fsdp_on_a_subgroup_is_not_compared_across_groups_that_differ_by_design(
 
 
 @needs_step_hooks
+@MANY_RANKS
 def test_fsdp_under_the_zero_code_check_one_report_per_event_on_rank_0(fsdp):
     for run in fsdp:  # every optimizer's stream is the same on every rank (no agreement timed out)
         for case in ("hybrid", "hybrid-orig", "full", "subgroup"):
@@ -399,6 +413,7 @@ def test_a_rank_killed_before_a_check_never_hangs_its_peer(tmp_path):
 
 # --------------------------------------------------------------------------- (k) one report per check
 @needs_step_hooks
+@MANY_RANKS
 @pytest.mark.parametrize("world", [4, 8])
 def test_one_report_per_check_names_the_ranks_by_version(tmp_path, world):
     runs = _ok(ranks.run_ranks("four", world, tmp_path, env={SYNC: "5"}))

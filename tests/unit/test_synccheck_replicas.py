@@ -46,7 +46,8 @@ def _run(world, backend, tmp_path, kinds=None):
     return {rank: {(c["kind"], c["twin"]): c for c in run.payload["cases"]} for rank, run in enumerate(runs)}
 
 
-@pytest.fixture(scope="module", params=[(2, "gloo"), (8, "gloo"), (2, "xla-standin")],
+@pytest.fixture(scope="module",
+                params=[(2, "gloo"), pytest.param((8, "gloo"), marks=pytest.mark.many_ranks), (2, "xla-standin")],
                 ids=["gloo-2", "gloo-8", "xla-standin-2"])
 def corpus(request, tmp_path_factory):
     world, backend = request.param
