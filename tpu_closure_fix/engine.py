@@ -533,7 +533,7 @@ def _patch_site(key, module):
              finding.release, site.variant)
     if finding.reason:
         _state.notes[key] = finding.reason
-    return Finding(PATCHED, _with_caveat(site, finding.reason), site, finding.release, None)
+    return Finding(PATCHED, finding.reason, site, finding.release, None)
 
 
 def _base_patched(site):

@@ -509,6 +509,7 @@ def test_a_callback_whose_peer_is_gone_stands_down_once(monkeypatch):
     from tpu_closure_fix.synccheck import callback
 
     cb, checks = _callback(monkeypatch, every=1)
+    monkeypatch.setattr(report, "_warned_once", set())  # said once per process: a run before this one may have
 
     def gone(obj, step, stream, tolerance=None, channel=None):
         checks.append(step)

@@ -1,0 +1,294 @@
+"""check_sync, compare_replicas, listing and the SyncCheck callback, called in this process.
+
+One process alone (no process group, or one of world size 1) compares nothing: no channel, no vector, no
+report. Two replicas are two threads exchanging through memory (``comm.channel`` answers each thread
+with its own channel), so the real check -- listing, fingerprint, reduction, verdict, what is said -- runs
+in milliseconds; the same over real gloo processes is tests/unit/test_synccheck_replicas.py.
+"""
+import threading
+import types
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
+
+from tpu_closure_fix.config import TPUClosureFixWarning  # noqa: E402
+from tpu_closure_fix.synccheck import (ReplicaDivergenceError, callback, check_sync, comm, compare,  # noqa: E402
+                                       compare_replicas, fingerprint, report)
+
+
+# --------------------------------------------------------------------------- the channel of this process
+def _dist(size, available=True, initialized=True):
+    return types.SimpleNamespace(is_available=lambda: available, is_initialized=lambda: initialized,
+                                 get_world_size=lambda: size, get_rank=lambda: 0)
+
+
+@pytest.mark.parametrize("dist,expected", [
+    (None, None),
+    (_dist(1), None),  # a world of one: nothing to compare
+    (_dist(2, available=False), None),
+    (_dist(2, initialized=False), None),
+    (_dist(2), comm.DistributedChannel),
+], ids=["no-torch.distributed", "world-of-one", "not-available", "not-initialized", "world-of-two"])
+def test_a_channel_only_with_another_replica(monkeypatch, dist, expected):
+    monkeypatch.setitem(__import__("sys").modules, "torch.distributed", dist)
+    monkeypatch.delitem(__import__("sys").modules, "torch_xla.core.xla_model", raising=False)
+    channel = comm.channel(timeout=5)
+    if expected is None:
+        assert channel is None
+    else:
+        assert type(channel) is expected and (channel.rank, channel.size, channel.timeout) == (0, 2, 5)
+
+
+@pytest.mark.parametrize("size,expected", [(1, None), (2, comm.XlaChannel)], ids=["one-device", "two-devices"])
+def test_an_xla_channel_only_with_another_device(monkeypatch, size, expected):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch.distributed", None)
+    monkeypatch.setitem(sys.modules, "torch_xla.core.xla_model", types.SimpleNamespace(get_ordinal=lambda: 1))
+    monkeypatch.setitem(sys.modules, "torch_xla.runtime", types.SimpleNamespace(world_size=lambda: size,
+                                                                                global_ordinal=lambda: 1))
+    channel = comm.channel()
+    if expected is None:
+        assert channel is None
+    else:
+        assert type(channel) is expected and (channel.rank, channel.size) == (1, 2)
+
+
+def test_one_process_compares_nothing(monkeypatch):
+    """check_sync / compare_replicas / the callback without another replica: no vector is ever made."""
+    made = []
+    monkeypatch.setattr(fingerprint, "local_vector", lambda *a, **k: made.append(a))
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: None)
+    net = torch.nn.Linear(2, 2)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert check_sync(net, 0) is None and check_sync(net, 1) is None and check_sync(net, 100) is None
+        assert compare_replicas(net, 3) is None
+        cb = _Probe(every=1)
+        _fit(cb, net, 3)
+    assert made == [] and cb.reports == [] and cb.last_report is None
+    assert not [w for w in seen if w.category is TPUClosureFixWarning]
+
+
+def test_one_process_with_a_process_group_of_one_compares_nothing(tmp_path, monkeypatch):
+    """A real gloo group of world size 1, in this process."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("torch.distributed unavailable, or a group already exists in this process")
+    made = []
+    monkeypatch.setattr(fingerprint, "local_vector", lambda *a, **k: made.append(a))
+    dist.init_process_group("gloo", init_method="file://%s" % (tmp_path / "store"), rank=0, world_size=1)
+    try:
+        assert comm.channel() is None
+        assert check_sync(torch.nn.Linear(2, 2), 1) is None
+    finally:
+        dist.destroy_process_group()
+    assert made == []
+
+
+# --------------------------------------------------------------------------- two replicas as threads
+class _World(object):
+    def __init__(self, size):
+        self.size = size
+        self.barrier = threading.Barrier(size, timeout=30)
+        self.values = [None] * size
+
+    def exchange(self, rank, value):
+        self.values[rank] = value
+        self.barrier.wait()
+        out = list(self.values)
+        self.barrier.wait()
+        return out
+
+
+class _Channel(object):
+    kind = "threads"
+    timeout = 5
+
+    def __init__(self, world, rank):
+        self.world, self.rank, self.size = world, rank, world.size
+
+    def device(self, tensors):
+        return torch.device("cpu")
+
+    def agree(self, key):
+        return True
+
+    def forget(self, key):
+        pass
+
+    def all_reduce_max(self, vector):
+        return torch.stack(self.world.exchange(self.rank, vector.detach().clone())).max(dim=0).values
+
+    def all_gather(self, vector):
+        return self.world.exchange(self.rank, vector.detach().clone())
+
+
+def _on_threads(monkeypatch, size, body):
+    """``body(rank)`` on ``size`` threads, ``comm.channel()`` answering each with its own channel; returns
+    (results by rank, TPUClosureFixWarning texts by rank)."""
+    world = _World(size)
+    local = threading.local()
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: getattr(local, "channel", None))
+    out, said, errors = [None] * size, [[] for _ in range(size)], []
+    monkeypatch.setattr(report, "_say", lambda message, speak, stacklevel=3: said[local.channel.rank].append(
+        message) if speak else None)
+
+    def main(rank):
+        local.channel = _Channel(world, rank)
+        try:
+            out[rank] = body(rank)
+        except Exception as exc:
+            out[rank] = exc
+            if not isinstance(exc, ReplicaDivergenceError):
+                errors.append((rank, exc))
+                world.barrier.abort()
+
+    threads = [threading.Thread(target=main, args=(r,)) for r in range(size)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    assert not errors, errors
+    return out, said
+
+
+_seeding = threading.Lock()
+
+
+def _net(seed):
+    """A small model whose initial weights depend on ``seed`` only (torch's global generator: one thread at a
+    time)."""
+    with _seeding:
+        torch.manual_seed(seed)
+        return torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+
+
+@pytest.fixture(autouse=True)
+def _nothing_said_before(monkeypatch):
+    """Each test starts with no reason already said (report says each unverified reason once per process)."""
+    monkeypatch.setattr(report, "_warned_once", set())
+
+
+def test_check_sync_on_identical_replicas_says_nothing(monkeypatch):
+    out, said = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(0), 1))
+    assert [r.outcome for r in out] == ["identical", "identical"] and said == [[], []]
+    assert out[0].names == ["0.weight", "0.bias", "1.weight", "1.bias"]
+
+
+def test_check_sync_only_at_due_steps(monkeypatch):
+    def body(rank):
+        net = _net(0)
+        return [step for step in range(0, 8) if check_sync(net, step, every=3) is not None]
+
+    out, _ = _on_threads(monkeypatch, 2, body)
+    assert out == [[0, 1, 3, 6]] * 2
+
+
+def test_check_sync_on_differing_replicas_warns_from_rank_0_only(monkeypatch):
+    out, said = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1))
+    assert [r.outcome for r in out] == ["differ", "differ"]
+    assert len(said[0]) == 1 and said[1] == []
+    assert "0.weight" in said[0][0]
+
+
+def test_check_sync_raise_raises_on_every_rank(monkeypatch):
+    out, _ = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1, on_divergence="raise"))
+    assert all(isinstance(r, ReplicaDivergenceError) for r in out)
+    assert out[0].report.outcome == "differ"
+
+
+def test_check_sync_callable_receives_the_report(monkeypatch):
+    seen = [[], []]
+    out, said = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1, on_divergence=seen[rank].append))
+    assert [s[0] for s in seen] == out and said == [[], []]
+
+
+@pytest.mark.parametrize("kwargs", [{"every": 0}, {"every": True}, {"every": 1.5}, {"tolerance": -1.0},
+                                    {"on_divergence": "ignore"}])
+def test_check_sync_refuses_bad_options_before_anything(monkeypatch, kwargs):
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: pytest.fail("no channel may be asked for"))
+    with pytest.raises(ValueError):
+        check_sync(_net(0), 1, **kwargs)
+
+
+def test_a_plain_list_of_tensors_is_compared(monkeypatch):
+    out, _ = _on_threads(monkeypatch, 2, lambda rank: check_sync([torch.ones(2), torch.full((2,), float(rank))], 1))
+    assert [r.outcome for r in out] == ["differ", "differ"]
+    assert out[0].names == ["param0", "param1"]
+    assert out[0].differing == [1]  # positions in ``names``: param1 only
+
+
+def test_an_error_in_named_parameters_is_said_with_its_cause(monkeypatch):
+    class Broken(object):
+        def named_parameters(self):
+            raise RuntimeError("parameters are gone")
+
+    out, said = _on_threads(monkeypatch, 2, lambda rank: compare_replicas(_net(0) if rank == 0 else Broken(), 1))
+    assert [r.outcome for r in out] == ["unverified", "unverified"]
+    assert out[1].reason == "listing the parameters of Broken failed (RuntimeError: parameters are gone)"
+    assert out[1].local_error and not out[0].local_error
+    assert out[0].reason == "another replica could not list or fingerprint its parameters"
+
+
+# --------------------------------------------------------------------------- listing
+def test_listing_each_kind_of_argument():
+    a, b = torch.ones(1), torch.zeros(2)
+    net = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD([{"params": [a]}, {"params": [b]}], lr=0.1)
+    assert compare.listed([a, b]) == [("param0", a), ("param1", b)]
+    assert compare.listed([("x", a), ("y", b)]) == [("x", a), ("y", b)]
+    assert compare.listed({"x": a}) == [("x", a)]
+    assert compare.listed(a) == [("tensor", a)]
+    assert compare.listed(net) == list(net.named_parameters())
+    assert compare.listed(optimizer) == [("param_groups[0][0]", a), ("param_groups[1][0]", b)]
+
+
+def test_listing_refusals_say_why():
+    with pytest.raises(compare.Unlisted) as info:
+        compare.listed([torch.ones(1), "text"])
+    assert str(info.value) == "list holds 'str', not a tensor, under 'param1'"
+    with pytest.raises(compare.Unlisted) as info:
+        compare.listed(5)
+    assert str(info.value) == "listing the parameters of int failed (TypeError: 'int' object is not iterable)"
+
+
+# --------------------------------------------------------------------------- the callback, really checking
+class _Probe(callback.SyncCheck):
+    """The callback's own logic without Lightning's base classes."""
+
+
+def _fit(cb, module, steps):
+    trainer = types.SimpleNamespace(global_step=0, loggers=[])
+    cb.on_fit_start(trainer, module)
+    cb.on_train_start(trainer, module)
+    for step in range(1, steps + 1):
+        trainer.global_step = step
+        cb.on_train_batch_end(trainer, module)
+    cb.on_train_end(trainer, module)
+    return cb
+
+
+def test_the_callback_compares_the_replicas_for_real(monkeypatch):
+    out, said = _on_threads(monkeypatch, 2, lambda rank: _fit(_Probe(every=2), _net(0), 3).reports)
+    assert [[r.outcome for r in reports] for reports in out] == [["identical"] * 4] * 2
+    assert [r.step for r in out[0]] == [0, 1, 2, 3] and out[0][0].first_check and not out[0][1].first_check
+    assert said == [[], []]
+
+
+def test_the_callback_on_replicas_that_started_different(monkeypatch):
+    out, said = _on_threads(monkeypatch, 2, lambda rank: _fit(_Probe(every=5), _net(rank), 1).reports)
+    assert [r.outcome for r in out[0]] == ["differ", "differ"]
+    assert len(said[0]) == 2 and said[1] == []
+
+
+def test_the_callback_raise_option_raises_at_the_first_check(monkeypatch):
+    out, _ = _on_threads(monkeypatch, 2, lambda rank: _fit(_Probe(on_divergence="raise"), _net(rank), 1))
+    assert all(isinstance(r, ReplicaDivergenceError) and r.report.step == 0 for r in out)
+
+
+def test_the_callback_repr_and_pickle_arguments():
+    cb = _Probe(every=7, tolerance=0.5, on_divergence="raise", check_at_end=False)
+    assert repr(cb) == "SyncCheck(every=7, tolerance=0.5, on_divergence='raise')"
+    assert cb.__reduce__() == (callback.SyncCheck, (7, 0.5, "raise", False))
