@@ -265,7 +265,7 @@ def status_json(payload, error=None):
 
     name, code, reason = status_outcome(payload, error)
     facts = (payload or {}).get("facts") or {}
-    active, why = fresh.startup_hook(facts) if facts else (None, error)
+    active, why = fresh.startup_hook(facts) if facts else (None, "no report from the interpreter, see below")
     return {"schema": JSON_SCHEMA, "command": "status", "outcome": name, "exit_code": code, "reason": reason,
             "python": {"executable": facts.get("executable"), "version": facts.get("version"),
                        "flags": facts.get("flags")},

@@ -517,3 +517,41 @@ def test_a_compiled_only_distribution_without_torch_xla_is_named_and_nothing_cov
 
 def test_without_a_compiled_only_distribution_nothing_is_named():
     assert report.compiled_only([]) == [] and report.render_compiled_only([]) == []
+
+
+# --------------------------------------------------------------------------- a PYTHONPATH relative to the working directory
+@pytest.mark.parametrize("value, relative", [("deps", ["deps"]), ("/abs" + os.pathsep + "./lib" + os.pathsep + "..",
+                                                                    ["./lib", ".."]),
+                                             ("/abs", []), ("", []), (os.pathsep + "/abs", [])])
+def test_relative_pythonpath_entries_are_named(value, relative):
+    from tpu_closure_fix.verify import child
+
+    assert child.relative_pythonpath({"PYTHONPATH": value}) == relative
+
+
+def test_a_relative_pythonpath_entry_gives_no_verdict_and_starts_no_child(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([REPO, "deps"]))
+    monkeypatch.setattr(fresh.child, "run_child", lambda *a, **k: pytest.fail("a child was started"))
+    got, error = fresh.run_status(flags=[])
+    assert got is None and error.startswith("PYTHONPATH holds 'deps', relative to the working directory")
+    assert "PYTHONPATH=$PWD/deps" in error
+    assert report.status_outcome(got, error)[:2] == ("could not verify", 3)
+
+
+@pytest.mark.parametrize("flags", [["-E"], ["-I"]])
+def test_a_relative_pythonpath_entry_twin_ignored_by_the_interpreter_does_not_matter(monkeypatch, flags):
+    monkeypatch.setenv("PYTHONPATH", "deps")
+    started = []
+    monkeypatch.setattr(fresh.child, "run_child", lambda *a, **k: started.append(a) or SimpleNamespace(
+        payload={"facts": {}}, error=None))
+    assert fresh.run_status(flags=flags) == ({"facts": {}}, None) and len(started) == 1
+
+
+def test_status_with_a_framework_behind_a_relative_pythonpath_could_not_verify_and_absolute_it_is_judged(tmp_path):
+    folder = _package(tmp_path, "import torch_xla.core.xla_model as xm\n" + UNCOVERED)
+    name = os.path.relpath(folder, str(tmp_path))
+    proc = cli("status", env={"PYTHONPATH": os.pathsep.join([name, REPO])}, cwd=str(tmp_path))
+    assert proc.returncode == 3 and "COULD NOT VERIFY: PYTHONPATH holds %r" % name in proc.stdout, proc.stdout
+    # the twin: the same folder by its absolute path is searched and judged (here: an uncovered step)
+    proc = cli("status", env={"PYTHONPATH": os.pathsep.join([folder, REPO])}, cwd=str(tmp_path))
+    assert proc.returncode == 3 and "XLA optimizer step no row covers" in proc.stdout, proc.stdout

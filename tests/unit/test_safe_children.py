@@ -61,13 +61,15 @@ def test_check_never_runs_a_module_planted_in_the_working_directory(planted, tmp
 
 
 @second_user
-def test_a_relative_pythonpath_entry_is_not_searched_by_the_self_test(planted, tmp_path):
-    """``PYTHONPATH=.`` (or an entry split off at a colon) would name the working directory again."""
+def test_a_relative_pythonpath_entry_is_not_searched_by_any_child(planted, tmp_path):
+    """``PYTHONPATH=.`` (or an entry split off at a colon) would name the working directory again: no child
+    searches it, and with nothing known of what it holds, no verdict is given (exit 3, naming it)."""
     shared, marker = planted
     proc = subprocess.run(tool(tmp_path, "check", "--no-graph", "--timeout", "300",
                                pythonpath_for_children=REPO + os.pathsep + "."),
                           cwd=shared, capture_output=True, text=True, timeout=400, env=environment())
-    assert ran(marker) == [] and "Event-order self-test" in proc.stdout, (ran(marker), proc.stderr[-2000:])
+    assert ran(marker) == [] and proc.returncode == 3, (ran(marker), proc.stdout[-2000:], proc.stderr[-2000:])
+    assert "COULD NOT VERIFY: PYTHONPATH holds '.'" in proc.stdout, proc.stdout[-2000:]
 
 
 @second_user

@@ -111,6 +111,14 @@ def safe_environment(env=None):
     return child_env
 
 
+def relative_pythonpath(env=None):
+    """The named ``PYTHONPATH`` entries of ``env`` (default ``os.environ``) that are relative to the working
+    directory: :func:`safe_environment` leaves them out of every child, where the interpreter that trains
+    (started in some working directory) would follow them."""
+    value = (os.environ if env is None else env).get("PYTHONPATH", "")
+    return [entry for entry in value.split(os.pathsep) if entry and not os.path.isabs(entry)]
+
+
 def run_child(argv, timeout, env=None, cwd=None, marker=RESULT_MARK, result_file=None, on_line=None):
     """Run one child; see :func:`run_children`."""
     return run_children([argv], timeout, env=env, cwd=cwd, marker=marker,

@@ -127,7 +127,20 @@ def command(python=None, flags=None, lent=None):
 
 
 def run_status(python=None, flags=None, timeout=TIMEOUT):
-    """``(payload, error)``: the fresh interpreter's facts and records, or None and why it failed."""
+    """``(payload, error)``: the fresh interpreter's facts and records, or None and why it failed.
+
+    A ``PYTHONPATH`` entry relative to the working directory is never followed by a child (see
+    :func:`tpu_closure_fix.verify.child.safe_environment`); the interpreter that trains would follow it, so
+    with one no verdict is given: the error names it and the fix. ``-E``/``-I`` make every interpreter
+    ignore ``PYTHONPATH``: then it does not matter."""
+    flags = caller_flags() if flags is None else list(flags)
+    relative = [] if {"-E", "-I"} & set(flags) else child.relative_pythonpath()
+    if relative:
+        return None, ("PYTHONPATH holds %s, relative to the working directory: a checking interpreter never "
+                      "searches it, while the one that trains would. Give %s as an absolute path (for example "
+                      "PYTHONPATH=$PWD/%s) and check again" % (
+                          ", ".join(repr(e) for e in relative), "it" if len(relative) == 1 else "each",
+                          relative[0].rstrip("/") or "."))
     with _lent_folder() as lent:
         run = child.run_child(command(python, flags, lent), timeout, env=child.safe_environment())
     if run.payload is None:
