@@ -121,7 +121,7 @@ def event_step(target, torch, xm, events):
 
 
 def _recording_closure(torch, model, opt, x, y, events):
-    """A closure built like pytorch-lightning 1.0-1.1's ``train_step_and_backward_closure``: forward,
+    """A closure built like pytorch-lightning 1.0-1.4's ``train_step_and_backward_closure``: forward,
     zero_grad, backward; returns the loss."""
     def closure():
         events.append("forward")
@@ -189,15 +189,7 @@ def _fabric_event_step(target, torch, events):
 def _accelerator_event_step(target, torch, events):
     model, x, y = _tiny(torch)
     opt = _recording_sgd(torch, model.parameters(), events)
-
-    def closure():
-        events.append("forward")
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        events.append("backward")
-        return loss.detach()
-
+    closure = _recording_closure(torch, model, opt, x, y, events)
     getattr(target.owner.__new__(target.owner), target.attribute)(opt, 0, closure)
 
 
