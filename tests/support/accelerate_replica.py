@@ -24,29 +24,19 @@ after each step). For each it writes the stand-in's event log, the flattened
 parameters after every step, the SyncCheck reports and (rank 0) the
 plain-PyTorch reference.
 """
-import argparse
-import json
-import os
-import sys
 import warnings
 
 warnings.simplefilter("ignore")
 
 import torch  # noqa: E402
 
+from support import ranks, xla_standin  # noqa: E402
 from support import replica as harness  # noqa: E402  (data shards, model, optimizers, flatten)
-from support import xla_standin  # noqa: E402
+
+KEY = ("accelerate.optimizer", "AcceleratedOptimizer.step")
 
 
 # --------------------------------------------------------------------------- reference
-def _mean(per_replica, world):
-    """What the stand-in's all_reduce("sum", ..., scale=1/world) computes: sum in rank order, then scale."""
-    total = per_replica[0]
-    for other in per_replica[1:]:
-        total = [a + b for a, b in zip(total, other)]
-    return [t * (1.0 / world) for t in total]
-
-
 def reference(scenario, world, family):
     """Plain PyTorch: each replica's gradients, mean all-reduced where the fixed accelerate reduces them.
 
@@ -72,7 +62,7 @@ def reference(scenario, world, family):
         carried = [None] * world
         for micro in range(acc - 1):
             grads = [local(*chunks[r][micro])[0] for r in range(world)]
-            carried = [_mean(grads, world)] * world if family == "xla" else grads
+            carried = [harness.mean_of_replicas(grads, world)] * world if family == "xla" else grads
 
         def closure():
             per_replica, losses = [], []
@@ -81,18 +71,15 @@ def reference(scenario, world, family):
                 if carried[r] is not None:
                     grads = [c + g for c, g in zip(carried[r], grads)]
                 if scenario.get("clip") and family == "optimizer_step":
-                    for p, g in zip(params, grads):
-                        p.grad = g
-                    torch.nn.utils.clip_grad_norm_(params, scenario["clip"])
-                    grads = [p.grad for p in params]
+                    grads = harness.clipped_locally(params, grads, scenario["clip"])
                 per_replica.append(grads)
                 losses.append(loss)
-            for p, g in zip(params, _mean(per_replica, world)):
+            for p, g in zip(params, harness.mean_of_replicas(per_replica, world)):
                 p.grad = g
             if scenario.get("clip") and family == "xla":
                 torch.nn.utils.clip_grad_norm_(params, scenario["clip"])
             if isinstance(opt, torch.optim.LBFGS):
-                return _mean([[loss] for loss in losses], world)[0]
+                return harness.mean_of_replicas([[loss] for loss in losses], world)[0]
             return losses[0]
 
         opt.step(closure)
@@ -109,13 +96,12 @@ def family():
     return "xla" if "_fetch_gradients" in names else "optimizer_step"
 
 
-def run_scenario(scenario, rank, world):
+def run_scenario(scenario, rank):
     from accelerate import Accelerator
 
     acc = scenario.get("accumulate", 1)
     accelerator = Accelerator(gradient_accumulation_steps=acc) if acc > 1 else Accelerator()
-    layers = harness.make_layers(scenario)
-    model = torch.nn.Sequential(layers[0], torch.nn.Tanh(), layers[1])
+    model = harness.sequential(scenario)
     optimizer = harness.make_optimizer(scenario["optimizer"], model.parameters())
     model, optimizer = accelerator.prepare(model, optimizer)
     data = harness.batches(rank, scenario["steps"], acc)
@@ -145,13 +131,7 @@ def run_scenario(scenario, rank, world):
             return loss
 
         with accelerator.accumulate(model):
-            if scenario.get("closure", True):
-                xla_standin.record("step")
-                optimizer.step(closure)
-            else:
-                closure()
-                xla_standin.record("step")
-                optimizer.step()
+            harness.step(optimizer, closure, scenario, xla_standin.record)
             optimizer.zero_grad()
         trajectory.append(harness.flat(list(model.parameters())))
         if scenario.get("synccheck"):
@@ -170,58 +150,28 @@ def _check_sync(model, step, every, checks):
         checks.append({"report": report.as_dict(), "warnings": warnings_seen})
 
 
-def site_state():
-    from tpu_closure_fix import engine
+class AccelerateReplica(ranks.Replica):
+    """An accelerate replica: the torch_xla stand-in exists before accelerate looks for it."""
 
-    key = ("accelerate.optimizer", "AcceleratedOptimizer.step")
-    import accelerate.optimizer
+    def setup(self):
+        from support import accelerate_xla
 
-    return {"wrapped": engine.is_ours(vars(accelerate.optimizer.AcceleratedOptimizer).get("step")),
-            "verdict": engine.examine(key).verdict}
+        accelerate_xla.install(self.world, self.rank)
+        import tpu_closure_fix  # noqa: F401  (TPU_CLOSURE_FIX decides, as for a user)
+        import accelerate
 
+        self.family = family()
+        return {"shim": tpu_closure_fix.is_enabled(), "accelerate": accelerate.__version__, "family": self.family}
 
-def main(argv=None):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rank", type=int, default=0)
-    parser.add_argument("--world", type=int, default=1)
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--scenarios", required=True, help="JSON list of scenarios")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    scenarios = json.loads(args.scenarios)
+    def train(self, scenario):
+        return run_scenario(scenario, self.rank)
 
-    if args.world > 1:
-        import torch.distributed as dist
+    def reference(self, scenario):
+        return reference(scenario, self.world, self.family)
 
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=args.rank,
-                                world_size=args.world)
-    from support import accelerate_xla
-
-    accelerate_xla.install(args.world, args.rank)  # torch_xla exists before accelerate looks for it
-    import tpu_closure_fix  # noqa: F401  (TPU_CLOSURE_FIX decides, as for a user)
-    import accelerate
-
-    results = {"shim": tpu_closure_fix.is_enabled(), "accelerate": accelerate.__version__, "family": family(),
-               "scenarios": {}}
-    for scenario in scenarios:
-        xla_standin.clear()
-        entry = run_scenario(scenario, args.rank, args.world)
-        entry["events"] = [[name, info] for name, info in xla_standin.events]
-        if args.rank == 0:
-            entry["reference"] = reference(scenario, args.world, results["family"])
-        results["scenarios"][scenario["name"]] = entry
-    results["site"] = site_state()
-    with open(args.out, "w") as handle:
-        json.dump(results, handle)
-    if args.world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)  # as support.replica: no interpreter teardown with gloo threads alive
-    return 0
+    def sites(self):
+        return {"site": ranks.call_site(KEY, "verdict")}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    AccelerateReplica.main()

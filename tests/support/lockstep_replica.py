@@ -19,18 +19,13 @@ the other's extra all-reduce. Rank 0 also writes the plain-PyTorch reference:
 one LBFGS whose closure computes both replicas' losses and gradients and
 returns their means.
 """
-import argparse
-import datetime
-import json
-import os
-import sys
 import warnings
 
 warnings.simplefilter("ignore")
 
 import torch  # noqa: E402
 
-from support import xla_standin  # noqa: E402
+from support import ranks, xla_standin  # noqa: E402
 
 TARGETS = ([1.0, -2.0], [5.0, 3.0])
 SCALES = (1.0, 10.0)
@@ -106,34 +101,14 @@ def _has(name):
     return importlib.util.find_spec(name) is not None
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rank", type=int, default=0)
-    parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--scenarios", required=True, help="JSON list with one scenario")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    (scenario,) = json.loads(args.scenarios)
-
-    import torch.distributed as dist
-
-    # A bounded wait: a partnerless all-reduce whose peer is still alive fails after this instead of hanging.
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=args.rank,
-                            world_size=args.world, timeout=datetime.timedelta(seconds=120))
-    xla_standin.configure(args.world, args.rank)
-    setup = setup_accelerate if _has("accelerate") else setup_fabric
-    framework, model, optimizer, backward = setup(args.rank, args.world)
-    from tpu_closure_fix import lockstep
-
-    if not scenario.get("lockstep", True):
-        lockstep.reads_loss = lambda optimizer: False  # the rule switched off, in this process only
+def step_once(optimizer, model, backward, rank):
+    """One LBFGS step on replica ``rank``'s loss: (closure evaluations, the error the step raised or None)."""
     evaluations = [0]
 
     def closure():
         evaluations[0] += 1
         optimizer.zero_grad()
-        loss = local_loss(model.w, args.rank)
+        loss = local_loss(model.w, rank)
         backward(loss)
         return loss
 
@@ -142,18 +117,36 @@ def main(argv=None):
         optimizer.step(closure)
     except Exception as exc:  # the partnerless all-reduce of the replica that went on
         error = "%s: %s" % (type(exc).__name__, str(exc)[:300])
-    import tpu_closure_fix
+    return evaluations[0], error
 
-    result = {"framework": framework, "shim": tpu_closure_fix.is_enabled(), "evaluations": evaluations[0],
-              "w": model.w.detach().tolist(), "error": error}
-    if args.rank == 0:
-        result["reference"] = reference(args.world)
-    with open(args.out, "w") as handle:
-        json.dump(result, handle)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # no further collective and no interpreter teardown with gloo threads alive
+
+class LockstepReplica(ranks.Replica):
+    """One replica of the lockstep problem; its result is one dict (see the module docstring)."""
+
+    default_world = 2
+    #: A bounded wait: a partnerless all-reduce whose peer is still alive fails after this instead of hanging.
+    join_timeout = 120
+    #: A replica that stopped early must never pair with the other's extra all-reduce: no final collective.
+    final_barrier = False
+
+    def run(self, scenarios):
+        (scenario,) = scenarios
+        xla_standin.configure(self.world, self.rank)
+        setup = setup_accelerate if _has("accelerate") else setup_fabric
+        framework, model, optimizer, backward = setup(self.rank, self.world)
+        from tpu_closure_fix import lockstep
+
+        if not scenario.get("lockstep", True):
+            lockstep.reads_loss = lambda optimizer: False  # the rule switched off, in this process only
+        evaluations, error = step_once(optimizer, model, backward, self.rank)
+        import tpu_closure_fix
+
+        result = {"framework": framework, "shim": tpu_closure_fix.is_enabled(), "evaluations": evaluations,
+                  "w": model.w.detach().tolist(), "error": error}
+        if self.rank == 0:
+            result["reference"] = reference(self.world)
+        return result
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    LockstepReplica.main()

@@ -23,10 +23,6 @@ and the first layer's parameters marked ``sequence_parallel_enabled``; at tensor
 pass is the identity, recorded). For each it writes the stand-ins' event log, the flattened parameters
 after every step and (rank 0) the plain-PyTorch reference.
 """
-import argparse
-import json
-import os
-import sys
 import types
 import warnings
 
@@ -34,7 +30,7 @@ warnings.simplefilter("ignore")
 
 import torch  # noqa: E402
 
-from support import neuron_sdk, xla_standin  # noqa: E402
+from support import neuron_sdk, ranks, xla_standin  # noqa: E402
 from support import replica as harness  # noqa: E402  (data shards, model, optimizers, flatten)
 
 MODULE = "optimum.neuron.accelerate.optimizer"
@@ -51,20 +47,12 @@ def _bucket_mean(per_replica, world):
     return total
 
 
-def _xla_mean(per_replica, world):
-    """What torch_xla's reduce_gradients / all_reduce(sum, scale=1/world) compute: sum, then scale."""
-    total = per_replica[0]
-    for other in per_replica[1:]:
-        total = [a + b for a, b in zip(total, other)]
-    return [t * (1.0 / world) for t in total]
-
-
 def reference(scenario, world, family):
     """Plain PyTorch: each replica's gradients averaged after each closure evaluation, the way the fixed
     release averages them (``family``: ``"bucket"``, neuronx-distributed's bucket_allreduce_gradients,
     0.1.0 on; ``"xla"``, torch_xla's reduce_gradients through the guarded ``xm.optimizer_step``, 0.0.x),
     then clipped by neuronx-distributed's clip_grad_norm if asked; LBFGS sees the mean loss."""
-    mean = _bucket_mean if family == "bucket" else _xla_mean
+    mean = _bucket_mean if family == "bucket" else harness.mean_of_replicas
     steps = scenario["steps"]
     data = [harness.batches(r, steps, 1) for r in range(world)]
     layers = harness.make_layers(scenario)
@@ -133,10 +121,9 @@ def run_scenario(module, scenario, rank):
     from accelerate import Accelerator
 
     accelerator = Accelerator()
-    layers = harness.make_layers(scenario)
-    model = torch.nn.Sequential(layers[0], torch.nn.Tanh(), layers[1])
+    model = harness.sequential(scenario)
     if scenario.get("sequence_parallel"):  # what neuronx-distributed marks on sequence-parallel LayerNorms
-        for p in layers[0].parameters():
+        for p in model[0].parameters():
             p.sequence_parallel_enabled = True
     inner = harness.make_optimizer(scenario["optimizer"], model.parameters())
     inner.register_step_post_hook(lambda *args: xla_standin.record("optimizer_step"))
@@ -152,68 +139,32 @@ def run_scenario(module, scenario, rank):
 
         if scenario.get("clip"):
             optimizer.prepare_clip_grad_norm(list(model.parameters()), scenario["clip"])
-        if scenario.get("closure", True):
-            xla_standin.record("step")
-            optimizer.step(closure)
-        else:
-            closure()
-            xla_standin.record("step")
-            optimizer.step()
+        harness.step(optimizer, closure, scenario, xla_standin.record)
         trajectory.append(harness.flat(list(model.parameters())))
     return {"params": trajectory, "distributed_type": str(accelerator.distributed_type)}
 
 
-def site_state():
-    from tpu_closure_fix import engine
+class NeuronReplica(ranks.Replica):
+    """An optimum-neuron replica: torch_xla and the Neuron SDK stand-ins exist before optimum-neuron looks."""
 
-    module = sys.modules[MODULE]
-    finding = engine.examine(KEY)
-    return {"wrapped": engine.is_ours(vars(module.NeuronAcceleratedOptimizer).get("step")),
-            "verdict": finding.verdict, "variant": finding.site.variant if finding.site else None,
-            "release": finding.release}
+    def setup(self):
+        neuron_sdk.install(self.world, self.rank)
+        import tpu_closure_fix  # noqa: F401  (TPU_CLOSURE_FIX decides, as for a user)
 
+        self.module = neuron_sdk.load_optimizer_module()
+        import optimum.neuron.version
 
-def main(argv=None):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rank", type=int, default=0)
-    parser.add_argument("--world", type=int, default=1)
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--scenarios", required=True, help="JSON list of scenarios")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    scenarios = json.loads(args.scenarios)
+        return {"shim": tpu_closure_fix.is_enabled(), "optimum_neuron": optimum.neuron.version.__version__}
 
-    if args.world > 1:
-        import torch.distributed as dist
+    def train(self, scenario):
+        return run_scenario(self.module, scenario, self.rank)
 
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=args.rank,
-                                world_size=args.world)
-    neuron_sdk.install(args.world, args.rank)  # torch_xla and the SDK exist before optimum-neuron looks
-    import tpu_closure_fix  # noqa: F401  (TPU_CLOSURE_FIX decides, as for a user)
-    module = neuron_sdk.load_optimizer_module()
-    import optimum.neuron.version
+    def reference(self, scenario):
+        return reference(scenario, self.world, family(self.module))
 
-    results = {"shim": tpu_closure_fix.is_enabled(), "optimum_neuron": optimum.neuron.version.__version__,
-               "scenarios": {}}
-    for scenario in scenarios:
-        xla_standin.clear()
-        entry = run_scenario(module, scenario, args.rank)
-        entry["events"] = [[name, info] for name, info in xla_standin.events]
-        if args.rank == 0:
-            entry["reference"] = reference(scenario, args.world, family(module))
-        results["scenarios"][scenario["name"]] = entry
-    results["site"] = site_state()
-    with open(args.out, "w") as handle:
-        json.dump(results, handle)
-    if args.world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)  # as support.replica: no interpreter teardown with gloo threads alive
-    return 0
+    def sites(self):
+        return {"site": ranks.call_site(KEY, "verdict", "variant", "release")}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    NeuronReplica.main()

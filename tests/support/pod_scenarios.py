@@ -23,7 +23,6 @@ a rank told ``--kill`` dies with ``os._exit(1)`` where the scenario says.
 """
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -419,14 +418,13 @@ def main(argv=None):
     _record_warnings()
     if args.scenario != "plain":
         import tpu_closure_fix  # noqa: F401  (the top of a user's script)
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
 
+    from support import ranks
+
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=args.rank,
-                            world_size=args.world, timeout=timedelta(seconds=60))
+    ranks.join_gloo(args.rank, args.world, args.port, timeout=60)
     _show_ours()
     ctx = Context(args)
     error = None
@@ -439,17 +437,13 @@ def main(argv=None):
                "modules": {"tpu_closure_fix": _module_file("tpu_closure_fix"),
                            "_tpu_closure_fix_startup": _module_file("_tpu_closure_fix_startup")},
                "seconds": round(time.monotonic() - T0, 2)}
-    with open(args.out + ".part", "w") as handle:
-        json.dump(payload, handle, default=str)
-    os.replace(args.out + ".part", args.out)
+    ranks.write_result(args.out, payload, default=str)
     if ctx.barrier and error is None:
         try:
             dist.barrier()
         except Exception:
             pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if error is None else 3)  # no gloo teardown with peers gone
+    ranks.leave(0 if error is None else 3)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """One simulated TPU replica: runs training scenarios through the installed Lightning (or a plain loop).
 
 Run as a process (``python -m support.replica ...`` with ``tests`` on sys.path),
-one per replica, joined by ``torch.distributed`` over gloo. Only torch_xla is
+one per replica, joined by ``torch.distributed`` over gloo (the process side is
+:class:`support.ranks.Replica`; :class:`LightningReplica` adds Lightning's
+imports and training calls). Only torch_xla is
 replaced, by :mod:`support.xla_standin`, whose ``reduce_gradients`` averages
 gradients across the replica processes exactly as torch_xla does when the world
 size is > 1. Everything else -- the Trainer, its loops and closures, the TPU
@@ -15,10 +17,11 @@ the process imports ``tpu_closure_fix`` and ``TPU_CLOSURE_FIX`` decides.
 For each scenario it writes (JSON): the stand-in's event log, the flattened
 parameters after every optimizer step, and (rank 0) the plain-PyTorch
 reference trajectory computed from all replicas' data shards.
+
+The data shards, the model, the optimizers and the step and reduction helpers
+here serve every integration's replica module (accelerate, optimum-neuron,
+the zero-code check), so all of them train the same model on the same data.
 """
-import argparse
-import json
-import os
 import sys
 import warnings
 
@@ -27,6 +30,7 @@ warnings.simplefilter("ignore")
 import torch  # noqa: E402
 
 from support import lightning_api as api  # noqa: E402
+from support import ranks  # noqa: E402
 from support import xla_standin as xm  # noqa: E402
 from support.step_hook import after_each_step  # noqa: E402
 
@@ -80,6 +84,43 @@ def flat(params):
     return torch.cat([p.detach().reshape(-1) for p in params]).tolist()
 
 
+def sequential(scenario):
+    """The replica model as one module (what accelerate's and optimum-neuron's ``prepare`` wrap): the same
+    layers, initialised as ``make_layers`` does."""
+    layers = make_layers(scenario)
+    return torch.nn.Sequential(layers[0], torch.nn.Tanh(), layers[1])
+
+
+def mean_of_replicas(per_replica, world):
+    """What the stand-in's all_reduce("sum", ..., scale=1/world) and reduce_gradients compute: the replicas'
+    values summed in rank order, then scaled."""
+    total = per_replica[0]
+    for other in per_replica[1:]:
+        total = [a + b for a, b in zip(total, other)]
+    return [t * (1.0 / world) for t in total]
+
+
+def clipped_locally(params, grads, max_norm):
+    """``grads`` of ``params`` clipped by their own norm: what a replica that clips before any reduction
+    steps with."""
+    for p, g in zip(params, grads):
+        p.grad = g
+    torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return [p.grad for p in params]
+
+
+def step(optimizer, closure, scenario, record):
+    """One optimizer step as a user's loop takes it: ``optimizer.step(closure)``, or (scenario ``closure``
+    false) the closure's backward first and then ``step()``; ``record("step")`` marks the call."""
+    if scenario.get("closure", True):
+        record("step")
+        optimizer.step(closure)
+    else:
+        closure()
+        record("step")
+        optimizer.step()
+
+
 # --------------------------------------------------------------------------- reference
 def reference(scenario, world):
     """Plain PyTorch: forward, zero_grad, backward per replica; mean all-reduce; clip; step."""
@@ -116,17 +157,11 @@ def reference(scenario, world):
                     grads, loss = replica_grads(opt_params, chunk, 1.0 / acc if acc > 1 else 1.0)
                     if scenario.get("clip_local"):
                         # PL 1.2-1.4 clip inside the closure: each replica clips its local gradients.
-                        for p, g in zip(opt_params, grads):
-                            p.grad = g
-                        torch.nn.utils.clip_grad_norm_(opt_params, scenario["clip"])
-                        grads = [p.grad for p in opt_params]
+                        grads = clipped_locally(opt_params, grads, scenario["clip"])
                     per_replica.append(grads)
                     losses.append(loss)
-                total = per_replica[0]
-                for other in per_replica[1:]:
-                    total = [a + b for a, b in zip(total, other)]
-                for p, g in zip(opt_params, total):
-                    p.grad = g * (1.0 / world) if world > 1 else g
+                for p, g in zip(opt_params, mean_of_replicas(per_replica, world)):
+                    p.grad = g
                 if scenario.get("clip") and not scenario.get("clip_local"):
                     torch.nn.utils.clip_grad_norm_(opt_params, scenario["clip"])
                 return losses[0]
@@ -139,21 +174,10 @@ def reference(scenario, world):
 # --------------------------------------------------------------------------- run
 def site_state():
     """For every call-site key whose module is loaded: is the class attribute our wrapper, its verdict and why."""
-    from tpu_closure_fix import engine, sites
+    from tpu_closure_fix import sites
 
-    out = {}
-    for key in sites.site_keys():
-        module = sys.modules.get(key[0])
-        if module is None:
-            continue
-        class_name, attr = engine.split_qualname(key[1])
-        cls = module if class_name is None else getattr(module, class_name, None)
-        if class_name is not None and not isinstance(cls, type):
-            continue
-        finding = engine.examine(key)
-        out["%s:%s" % key] = {"wrapped": engine.is_ours(vars(cls).get(attr)), "verdict": finding.verdict,
-                              "reason": finding.reason}
-    return out
+    states = {"%s:%s" % key: ranks.call_site(key, "verdict", "reason") for key in sites.site_keys()}
+    return {key: state for key, state in states.items() if state is not None}
 
 
 def run_xla_loop(scenario, rank, world):
@@ -185,62 +209,38 @@ def run_xla_loop(scenario, rank, world):
     return trajectory
 
 
-def run_scenario(scenario, rank, world):
-    xm.clear()
-    if scenario["api"] == "trainer":
-        params = api.run_trainer(scenario, rank, world, sys.modules[__name__])
-    elif scenario["api"] == "xla":
-        params = run_xla_loop(scenario, rank, world)
-    else:
-        params = api.run_lite(scenario, rank, world, sys.modules[__name__])
-    entry = {"events": [[name, info] for name, info in xm.events], "params": params}
-    if scenario.get("synccheck"):
-        entry["synccheck"] = api.synccheck_results()
-    return entry
+class LightningReplica(ranks.Replica):
+    """A Lightning replica: Lightning is imported first, as a user's script would, then the stand-in takes
+    torch_xla's place; each scenario goes through the Trainer, Lite/Fabric or a plain ``xm`` loop."""
 
+    def setup(self):
+        xm.configure(self.world, self.rank)
+        api.import_lightning()
+        xm.install()
+        api.bind_standin(xm)
+        import tpu_closure_fix  # noqa: F401  (TPU_CLOSURE_FIX decides, as for a user)
 
-def main(argv=None):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rank", type=int, default=0)
-    parser.add_argument("--world", type=int, default=1)
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--scenarios", required=True, help="JSON list of scenarios")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    scenarios = json.loads(args.scenarios)
+        return {"shim": tpu_closure_fix.is_enabled(), "lightning": api.describe()}
 
-    if args.world > 1:
-        import torch.distributed as dist
+    def train(self, scenario):
+        entry = {"params": self._trajectory(scenario)}
+        if scenario.get("synccheck"):
+            entry["synccheck"] = api.synccheck_results()
+        return entry
 
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=args.rank,
-                                world_size=args.world)
-    xm.configure(args.world, args.rank)
+    def _trajectory(self, scenario):
+        if scenario["api"] == "trainer":
+            return api.run_trainer(scenario, self.rank, self.world, sys.modules[__name__])
+        if scenario["api"] == "xla":
+            return run_xla_loop(scenario, self.rank, self.world)
+        return api.run_lite(scenario, self.rank, self.world, sys.modules[__name__])
 
-    api.import_lightning()  # Lightning first, as a user's script would ...
-    xm.install()            # ... then the stand-in takes torch_xla's place
-    api.bind_standin(xm)
-    import tpu_closure_fix  # noqa: F401  (TPU_CLOSURE_FIX decides, as for a user)
+    def reference(self, scenario):
+        return reference(scenario, self.world)
 
-    results = {"shim": tpu_closure_fix.is_enabled(), "lightning": api.describe(), "scenarios": {}}
-    for scenario in scenarios:
-        entry = run_scenario(scenario, args.rank, args.world)
-        if args.rank == 0:
-            entry["reference"] = reference(scenario, args.world)
-        results["scenarios"][scenario["name"]] = entry
-    results["sites"] = site_state()
-    with open(args.out, "w") as handle:
-        json.dump(results, handle)
-    if args.world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-        # The results are written. Leave without interpreter teardown: gloo's background threads can
-        # abort it ("terminate called without an active exception", exit -6), as seen in a CI-like run.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    return 0
+    def sites(self):
+        return {"sites": site_state()}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    LightningReplica.main()

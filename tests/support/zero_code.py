@@ -13,14 +13,12 @@ Writes (JSON) every tpu-closure-fix warning issued (message, category, file name
 optimizer steps taken, and what the zero-code check did: whether its module was loaded, whether
 torch's registry holds its hook, how many checks ran and the last report.
 """
-import argparse
-import json
-import os
 import sys
 import warnings
 
 import torch
 
+from support import ranks  # noqa: E402
 from support import replica as harness  # noqa: E402  (data shards, model, optimizers; sets warnings to "ignore")
 
 #: Warnings of this package, as the user would see them; everything else stays ignored (the harness's filter).
@@ -123,14 +121,8 @@ def run_real_xla(args, steps):
 
 def run_lightning(args, steps):
     from support import lightning_api as api
-    from support import xla_standin as xm
 
-    xm.configure(args.world, args.rank)
-    api.import_lightning()
-    xm.install()
-    api.bind_standin(xm)
-    import tpu_closure_fix  # noqa: F401
-
+    harness.LightningReplica(args).setup()
     show_ours()
 
     scenario = {"name": "zero-code", "api": args.api, "optimizer": "sgd", "steps": steps}
@@ -148,7 +140,7 @@ def run_accelerate(args, steps):
 
     show_ours()
 
-    accelerate_replica.run_scenario({"name": "zero-code", "optimizer": "sgd", "steps": steps}, args.rank, args.world)
+    accelerate_replica.run_scenario({"name": "zero-code", "optimizer": "sgd", "steps": steps}, args.rank)
 
 
 RUNNERS = {"torch": run_torch, "xla": run_xla, "xla-real": run_real_xla, "trainer": run_lightning,
@@ -182,40 +174,22 @@ def run_scenario(args, scenario, seen):
             "shim": sys.modules["tpu_closure_fix"].is_enabled()}
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rank", type=int, default=0)
-    parser.add_argument("--world", type=int, default=1)
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--scenarios", required=True,
-                        help='JSON: {"api": %s, "steps": 12, "closure": true (xla), "reduce": false (torch), '
-                             '"same_data": false (xla-real)}, or a list of them run one after the other (result: '
-                             '{"runs": [...]})' % "|".join(sorted(RUNNERS)))
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    scenarios = json.loads(args.scenarios)
-    seen = record_warnings()
-    if args.world > 1:
-        import torch.distributed as dist
+class ZeroCodeReplica(ranks.Replica):
+    """One replica of a script that never mentions SyncCheck. ``--scenarios``: one JSON dict ``{"api": trainer
+    | lite | accelerate | torch | xla | xla-real, "steps": 12, "closure": true (xla), "reduce": false (torch),
+    "same_data": false (xla-real)}``, or a list of them run one after the other (result: ``{"runs": [...]}``)."""
 
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % args.port, rank=args.rank,
-                                world_size=args.world)
-    torch.set_num_threads(1)
-    if isinstance(scenarios, dict):
-        result = run_scenario(args, scenarios, seen)
-    else:
-        result = {"runs": [run_scenario(args, scenario, seen) for scenario in scenarios]}
-    with open(args.out, "w") as handle:
-        json.dump(result, handle)
-    if args.world > 1:
-        import torch.distributed as dist
+    def __init__(self, args):
+        super(ZeroCodeReplica, self).__init__(args)
+        self.args = args
+        self.seen = record_warnings()  # before the group is joined: every warning of the run is recorded
 
-        dist.barrier()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)  # as support.replica: no interpreter teardown with gloo threads alive
-    return 0
+    def run(self, scenarios):
+        torch.set_num_threads(1)
+        if isinstance(scenarios, dict):
+            return run_scenario(self.args, scenarios, self.seen)
+        return {"runs": [run_scenario(self.args, scenario, self.seen) for scenario in scenarios]}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    ZeroCodeReplica.main()

@@ -25,8 +25,6 @@ TARGET = os.environ.get("TPU_CLOSURE_FIX_TARGET")
 if TESTS not in sys.path:  # ``support`` is importable however pytest is started (repo root or tests/)
     sys.path.insert(0, TESTS)
 
-from support import ports  # noqa: E402  (needs the path above)
-
 REPLICAS = 2
 TIMEOUT = 600
 
@@ -193,22 +191,13 @@ def child_env(shim, extra=None, path_first=()):
 
 def run_replicas(scenarios, shim, tmp_path, world=REPLICAS, path_first=(), module="support.replica", extra_env=None):
     """Run ``world`` replica processes (``module``: support.replica, or another driver with its command
-    line; hard timeout) and return rank -> result JSON.
+    line; hard timeout) through the one rank harness and return rank -> result JSON.
 
     ``path_first``: folders put before everything else on the replicas' path (see child_env)."""
-    from tpu_closure_fix.verify.child import run_children
+    from support import ranks
 
-    port = ports.free_port()
-    outs = [str(tmp_path / ("shim%d-rank%d.json" % (int(shim), rank))) for rank in range(world)]
-    commands = [[sys.executable, "-m", module, "--rank", str(rank), "--world", str(world),
-                 "--port", str(port), "--scenarios", json.dumps(scenarios), "--out", out]
-                for rank, out in enumerate(outs)]
-    runs = run_children(commands, TIMEOUT, env=child_env(shim, extra_env, path_first=path_first), cwd=TESTS, result_files=outs)
-    for rank, run in enumerate(runs):
-        if not run.ok:
-            raise AssertionError("replica %d (shim=%s) %s:\n%s%s" % (rank, shim, run.error, run.stdout[-2000:],
-                                                                     run.stderr_tail()))
-    return {rank: run.payload for rank, run in enumerate(runs)}
+    return ranks.run_replicas(module, scenarios, world, tmp_path, child_env(shim, extra_env, path_first=path_first),
+                              TIMEOUT)
 
 
 @pytest.fixture(scope="session")

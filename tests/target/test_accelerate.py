@@ -19,15 +19,14 @@ it, closure scenarios diverge. The no-closure path (``accelerator.backward``
 then ``step()``) was right already and must be identical in both runs.
 """
 import json
-import os
-import re
 import subprocess
 import sys
 
 import pytest
 from packaging.version import Version
 
-from conftest import REPO, TARGET, child_env, defined_where, run_replicas
+from conftest import REPO, TARGET, child_env, defined_where
+from support import replica_tests
 
 RELEASE = Version(TARGET.split("==", 1)[1])
 #: accelerate <= 0.27 refuses gradient accumulation on TPU ("Gradient accumulation is not
@@ -53,73 +52,22 @@ SYNCCHECK = {"name": "synccheck", "optimizer": "sgd", "steps": 3, "synccheck": 1
 def runs(tmp_path_factory):
     """{shim: {rank: result}}: one launch of 2 replicas per shim mode, every scenario in it; the
     summary scripts/matrix.py aggregates is written from it."""
-    scenarios = CLOSURE_SCENARIOS + [NO_CLOSURE, SYNCCHECK]
-    out = {shim: run_replicas(scenarios, shim, tmp_path_factory.mktemp("accelerate"),
-                              module="support.accelerate_replica")
-           for shim in (True, False)}
-    os.makedirs(results_dir(), exist_ok=True)
-    with open(summary_path(), "w") as handle:
-        json.dump(summarize(out), handle, indent=1, sort_keys=True)
+    out = replica_tests.run_both("support.accelerate_replica", CLOSURE_SCENARIOS + [NO_CLOSURE, SYNCCHECK],
+                                 tmp_path_factory, child_env)
+    replica_tests.write_summary(REPO, summarize(out))
     return out
-
-
-def results_dir():
-    return os.environ.get("TPU_CLOSURE_FIX_RESULTS") or os.path.join(REPO, "results")
-
-
-def summary_path():
-    return os.path.join(results_dir(), re.sub(r"[^A-Za-z0-9.+_-]+", "-", TARGET) + ".json")
-
-
-def _max_diff(a, b):
-    return max(abs(x - y) for step_a, step_b in zip(a, b) for x, y in zip(step_a, step_b))
 
 
 def summarize(runs):
     """The matrix summary (the keys test_replicas writes for Lightning targets)."""
-    scenarios = {}
-    for spec in CLOSURE_SCENARIOS + [NO_CLOSURE, SYNCCHECK]:
-        name = spec["name"]
-        with_shim, without = [[_params(runs, shim, rank, name) for rank in (0, 1)] for shim in (True, False)]
-        scenarios["accelerate-" + name] = {
-            "steps": len(with_shim[0]),
-            "bug_can_occur": spec.get("closure", True),
-            "divergence_with_shim": _max_diff(*with_shim),
-            "divergence_without_shim": _max_diff(*without),
-            "reference_diff_with_shim": _max_diff(with_shim[0], _reference(runs, name)),
-            "reference_diff_without_shim": _max_diff(without[0], _reference(runs, name)),
-        }
-    values = scenarios.values()
-    return {
-        "target": TARGET,
-        "lightning": None,
-        "framework": "accelerate %s" % runs[True][0]["accelerate"],
-        "scenarios_run": list(scenarios),
-        "not_applicable": {} if ACCUMULATION else {
-            "accelerate-accumulate": "accelerate < 0.28 raises 'Gradient accumulation is not supported on TPU'"},
-        "replicas": 2,
-        "steps_compared": sum(s["steps"] for s in values),
-        "max_divergence_with_shim": max(s["divergence_with_shim"] for s in values),
-        "max_divergence_without_shim": max(s["divergence_without_shim"] for s in values),
-        "max_reference_diff_with_shim": max(s["reference_diff_with_shim"] for s in values),
-        "scenarios": scenarios,
-        "sites": {"with_shim": runs[True][0]["site"], "without_shim": runs[False][0]["site"]},
-    }
+    not_applicable = {} if ACCUMULATION else {
+        "accelerate-accumulate": "accelerate < 0.28 raises 'Gradient accumulation is not supported on TPU'"}
+    return replica_tests.summarize(runs, TARGET, "accelerate %s" % runs[True][0]["accelerate"], "accelerate-",
+                                   CLOSURE_SCENARIOS + [NO_CLOSURE, SYNCCHECK], not_applicable)
 
 
 def test_summary_written(runs):
-    with open(summary_path()) as handle:
-        summary = json.load(handle)
-    assert summary["target"] == TARGET and summary["max_reference_diff_with_shim"] == 0.0
-    assert summary["max_divergence_without_shim"] > 0.0
-
-
-def _params(runs, shim, rank, name):
-    return runs[shim][rank]["scenarios"][name]["params"]
-
-
-def _reference(runs, name):
-    return runs[True][0]["scenarios"][name]["reference"]
+    replica_tests.assert_summary_written(REPO, TARGET)
 
 
 def test_accelerate_takes_its_xla_branch(runs):
@@ -137,20 +85,8 @@ def test_site_patched_with_shim_and_original_without(runs):
     assert runs[False][0]["site"] == {"wrapped": False, "verdict": "disabled"}
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_with_shim_equals_reference_bitwise(runs, name):
-    reference = _reference(runs, name)
-    assert len(reference) == next(s["steps"] for s in CLOSURE_SCENARIOS if s["name"] == name)
-    for rank in (0, 1):
-        assert _params(runs, True, rank, name) == reference, "rank %d differs from the reference" % rank
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_without_shim_replicas_diverge(runs, name):
-    """The twin: the released code steps on unreduced closure gradients."""
-    rank0, rank1 = _params(runs, False, 0, name), _params(runs, False, 1, name)
-    assert rank0[-1] != rank1[-1], "replicas agree without the shim: the scenario does not show the bug"
-    assert rank0[-1] != _reference(runs, name)[-1]
+test_with_shim_equals_reference_bitwise, test_without_shim_replicas_diverge = \
+    replica_tests.trajectory_tests(CLOSURE_SCENARIOS)
 
 
 def _reductions_after_each_evaluation(events):
@@ -171,11 +107,8 @@ def _reductions_after_each_evaluation(events):
 def test_each_closure_evaluation_is_reduced_exactly_once(runs, name):
     """With the shim, one gradient reduction per evaluation (clip inside the closure: its own, not a
     second one); without it, none."""
-    for rank in (0, 1):
-        with_shim = _reductions_after_each_evaluation(runs[True][rank]["scenarios"][name]["events"])
-        without = _reductions_after_each_evaluation(runs[False][rank]["scenarios"][name]["events"])
-        assert with_shim and set(with_shim) == {1}, with_shim
-        assert without and set(without) == {0}, without
+    replica_tests.assert_each_evaluation_reduced_once(
+        lambda shim, rank: _reductions_after_each_evaluation(runs[shim][rank]["scenarios"][name]["events"]))
 
 
 def test_lbfgs_replicas_evaluate_the_closure_equally_often(runs):
@@ -194,11 +127,7 @@ def test_lbfgs_replicas_evaluate_the_closure_equally_often(runs):
 def test_no_closure_path_is_untouched(runs):
     """``accelerator.backward`` then ``step()``: the release was right; with or without the shim the
     same events and the same bitwise parameters, equal to the reference."""
-    name = NO_CLOSURE["name"]
-    for rank in (0, 1):
-        with_shim, without = runs[True][rank]["scenarios"][name], runs[False][rank]["scenarios"][name]
-        assert with_shim["events"] == without["events"]
-        assert with_shim["params"] == without["params"] == _reference(runs, name)
+    replica_tests.assert_untouched(runs, NO_CLOSURE["name"])
 
 
 def test_check_sync_in_an_accelerate_loop_finds_replicas_in_sync_with_the_shim(runs):
@@ -266,7 +195,7 @@ def test_status_without_shim_reports_disabled_and_fails():
 
 
 # --------------------------------------------------------------------------- self-test driver
-_DRIVER_CHILD = r"""
+_DRIVER_PRELUDE = r"""
 import json, sys, types, warnings
 warnings.simplefilter("ignore")
 import torch
@@ -280,20 +209,13 @@ def record(name, **info):
 sim.configure(1, 0)
 sim.recorder = record
 xm = sim.install()
-finding = engine.examine(("accelerate.optimizer", "AcceleratedOptimizer.step"))
 module = accelerate.optimizer
-target = types.SimpleNamespace(row=finding.site, module=module, owner=module.AcceleratedOptimizer,
-                               attribute="step", function=vars(module.AcceleratedOptimizer)["step"])
-verify.event_step(target, torch, xm, events)
-print(json.dumps({"verdict": finding.verdict, "events": events}))
 """
 
 
 def _driver_events(shim):
-    proc = subprocess.run([sys.executable, "-c", _DRIVER_CHILD], env=child_env(shim), cwd=REPO,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    code = replica_tests.event_step_child(_DRIVER_PRELUDE, ("accelerate.optimizer", "AcceleratedOptimizer.step"))
+    return replica_tests.run_child_json(code, child_env(shim), REPO)
 
 
 def test_self_test_driver_sees_the_fixed_order_with_the_shim():

@@ -7,7 +7,7 @@ replica 1's (ten times steeper, another minimum) make LBFGS's
 ``tolerance_change`` test decide differently on each replica when each sees
 its local loss.
 
-With the shim (rule on): both replicas finish -- within run_replicas' hard
+With the shim (rule on): both replicas finish -- within the harness's hard
 timeout --, evaluate the closure equally often, end bitwise identical and
 equal to the plain-PyTorch reference. The twin, with the rule switched off in
 the replica processes (gradients still reduced per evaluation): the
@@ -16,21 +16,26 @@ the failure of its partnerless all-reduce -- on a TPU it would wait forever.
 """
 import pytest
 
-from conftest import run_replicas
+from conftest import REPLICAS, TIMEOUT, child_env
+from support import ranks
 
 SCENARIO = {"name": "lbfgs-lockstep"}
 
 
+def run(lockstep, tmp_path):
+    """rank -> result of the two replicas, the shim on, the lockstep rule on or switched off."""
+    return ranks.run_replicas("support.lockstep_replica", [dict(SCENARIO, lockstep=lockstep)], REPLICAS, tmp_path,
+                              child_env(True), TIMEOUT)
+
+
 @pytest.fixture(scope="module")
 def lockstep_on(tmp_path_factory):
-    return run_replicas([dict(SCENARIO, lockstep=True)], True, tmp_path_factory.mktemp("on"),
-                        module="support.lockstep_replica")
+    return run(True, tmp_path_factory.mktemp("on"))
 
 
 @pytest.fixture(scope="module")
 def lockstep_off(tmp_path_factory):
-    return run_replicas([dict(SCENARIO, lockstep=False)], True, tmp_path_factory.mktemp("off"),
-                        module="support.lockstep_replica")
+    return run(False, tmp_path_factory.mktemp("off"))
 
 
 def test_with_the_rule_replicas_stay_in_lockstep(lockstep_on):

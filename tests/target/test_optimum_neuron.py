@@ -23,15 +23,14 @@ without it, the release reduces before the closure and the replicas diverge.
 ``reduce_gradients`` (over every replica: data parallelism only on that branch).
 """
 import json
-import os
-import re
 import subprocess
 import sys
 
 import pytest
 from packaging.version import Version
 
-from conftest import REPO, TARGET, TESTS, child_env, defined_where, run_replicas
+from conftest import REPO, TARGET, TESTS, child_env, defined_where
+from support import replica_tests
 
 RELEASE = Version(TARGET.split("==", 1)[1])
 #: 0.0.x: no row; the torch_xla guard protects its xm.optimizer_step call.
@@ -57,65 +56,18 @@ NAMES = [s["name"] for s in CLOSURE_SCENARIOS]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """{shim: {rank: result}}: one launch of 2 replicas per shim mode, every scenario in it."""
-    scenarios = CLOSURE_SCENARIOS + [NO_CLOSURE]
-    out = {shim: run_replicas(scenarios, shim, tmp_path_factory.mktemp("neuron"), module="support.neuron_replica")
-           for shim in (True, False)}
-    os.makedirs(results_dir(), exist_ok=True)
-    with open(summary_path(), "w") as handle:
-        json.dump(summarize(out), handle, indent=1, sort_keys=True)
+    out = replica_tests.run_both("support.neuron_replica", CLOSURE_SCENARIOS + [NO_CLOSURE], tmp_path_factory,
+                                 child_env)
+    replica_tests.write_summary(REPO, summarize(out))
     return out
-
-
-def results_dir():
-    return os.environ.get("TPU_CLOSURE_FIX_RESULTS") or os.path.join(REPO, "results")
-
-
-def summary_path():
-    return os.path.join(results_dir(), re.sub(r"[^A-Za-z0-9.+_-]+", "-", TARGET) + ".json")
-
-
-def _max_diff(a, b):
-    return max(abs(x - y) for step_a, step_b in zip(a, b) for x, y in zip(step_a, step_b))
 
 
 def summarize(runs):
     """The matrix summary (the keys test_replicas writes for Lightning targets)."""
-    scenarios = {}
-    for spec in CLOSURE_SCENARIOS + [NO_CLOSURE]:
-        name = spec["name"]
-        with_shim, without = [[_params(runs, shim, rank, name) for rank in (0, 1)] for shim in (True, False)]
-        scenarios["optimum-neuron-" + name] = {
-            "steps": len(with_shim[0]),
-            "bug_can_occur": spec.get("closure", True),
-            "divergence_with_shim": _max_diff(*with_shim),
-            "divergence_without_shim": _max_diff(*without),
-            "reference_diff_with_shim": _max_diff(with_shim[0], _reference(runs, name)),
-            "reference_diff_without_shim": _max_diff(without[0], _reference(runs, name)),
-        }
-    values = scenarios.values()
-    return {
-        "target": TARGET,
-        "lightning": None,
-        "framework": "optimum-neuron %s" % runs[True][0]["optimum_neuron"],
-        "scenarios_run": list(scenarios),
-        "not_applicable": {"optimum-neuron-clip": "0.0.x's XLA branch never clips (prepare_clip_grad_norm keeps "
-                                                  "only model-parallel parameters)"} if GUARDED else {},
-        "replicas": 2,
-        "steps_compared": sum(s["steps"] for s in values),
-        "max_divergence_with_shim": max(s["divergence_with_shim"] for s in values),
-        "max_divergence_without_shim": max(s["divergence_without_shim"] for s in values),
-        "max_reference_diff_with_shim": max(s["reference_diff_with_shim"] for s in values),
-        "scenarios": scenarios,
-        "sites": {"with_shim": runs[True][0]["site"], "without_shim": runs[False][0]["site"]},
-    }
-
-
-def _params(runs, shim, rank, name):
-    return runs[shim][rank]["scenarios"][name]["params"]
-
-
-def _reference(runs, name):
-    return runs[True][0]["scenarios"][name]["reference"]
+    not_applicable = {"optimum-neuron-clip": "0.0.x's XLA branch never clips (prepare_clip_grad_norm keeps "
+                                             "only model-parallel parameters)"} if GUARDED else {}
+    return replica_tests.summarize(runs, TARGET, "optimum-neuron %s" % runs[True][0]["optimum_neuron"],
+                                   "optimum-neuron-", CLOSURE_SCENARIOS + [NO_CLOSURE], not_applicable)
 
 
 def _events(runs, shim, rank, name):
@@ -137,10 +89,7 @@ def _events(runs, shim, rank, name):
 
 
 def test_summary_written(runs):
-    with open(summary_path()) as handle:
-        summary = json.load(handle)
-    assert summary["target"] == TARGET and summary["max_reference_diff_with_shim"] == 0.0
-    assert summary["max_divergence_without_shim"] > 0.0
+    replica_tests.assert_summary_written(REPO, TARGET)
 
 
 def test_the_release_under_test_runs_on_accelerates_xla_state(runs):
@@ -159,20 +108,8 @@ def test_site_patched_with_shim_and_original_without(runs):
                                       "release": str(RELEASE)}
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_with_shim_equals_reference_bitwise(runs, name):
-    reference = _reference(runs, name)
-    assert len(reference) == next(s["steps"] for s in CLOSURE_SCENARIOS if s["name"] == name)
-    for rank in (0, 1):
-        assert _params(runs, True, rank, name) == reference, "rank %d differs from the reference" % rank
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_without_shim_replicas_diverge(runs, name):
-    """The twin: the released code steps on unreduced closure gradients."""
-    rank0, rank1 = _params(runs, False, 0, name), _params(runs, False, 1, name)
-    assert rank0[-1] != rank1[-1], "replicas agree without the shim: the scenario does not show the bug"
-    assert rank0[-1] != _reference(runs, name)[-1]
+test_with_shim_equals_reference_bitwise, test_without_shim_replicas_diverge = \
+    replica_tests.trajectory_tests(CLOSURE_SCENARIOS)
 
 
 def test_sgd_event_order_closure_then_reduction_then_step(runs):
@@ -226,11 +163,8 @@ def _reductions_after_each_evaluation(events):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_each_closure_evaluation_is_reduced_exactly_once(runs, name):
-    for rank in (0, 1):
-        with_shim = _reductions_after_each_evaluation(_events(runs, True, rank, name))
-        without = _reductions_after_each_evaluation(_events(runs, False, rank, name))
-        assert with_shim and set(with_shim) == {1}, with_shim
-        assert without and set(without) == {0}, without
+    replica_tests.assert_each_evaluation_reduced_once(
+        lambda shim, rank: _reductions_after_each_evaluation(_events(runs, shim, rank, name)))
 
 
 def test_lbfgs_replicas_evaluate_the_closure_equally_often(runs):
@@ -251,11 +185,7 @@ def test_lbfgs_replicas_evaluate_the_closure_equally_often(runs):
 def test_no_closure_path_is_untouched(runs):
     """Backward, then ``step()``: the release was right; with or without the shim the same events and the
     same bitwise parameters, equal to the reference."""
-    name = NO_CLOSURE["name"]
-    for rank in (0, 1):
-        with_shim, without = runs[True][rank]["scenarios"][name], runs[False][rank]["scenarios"][name]
-        assert with_shim["events"] == without["events"]
-        assert with_shim["params"] == without["params"] == _reference(runs, name)
+    replica_tests.assert_untouched(runs, NO_CLOSURE["name"])
 
 
 # --------------------------------------------------------------------------- status
@@ -288,7 +218,7 @@ def test_status_without_shim_reports_unprotected_and_fails():
 
 
 # --------------------------------------------------------------------------- self-test driver
-_DRIVER_CHILD = r"""
+_DRIVER_PRELUDE = r"""
 import json, sys, types, warnings
 warnings.simplefilter("ignore")
 import torch
@@ -298,20 +228,14 @@ import tpu_closure_fix
 from tpu_closure_fix import engine
 from tpu_closure_fix.integrations.optimum_neuron import verify
 module = neuron_sdk.load_optimizer_module()
-finding = engine.examine(("optimum.neuron.accelerate.optimizer", "NeuronAcceleratedOptimizer.step"))
 events = []
-target = types.SimpleNamespace(row=finding.site, module=module, owner=module.NeuronAcceleratedOptimizer,
-                               attribute="step", function=vars(module.NeuronAcceleratedOptimizer)["step"])
-verify.event_step(target, torch, xm, events)
-print(json.dumps({"verdict": finding.verdict, "events": events}))
 """
 
 
 def _driver_events(shim):
-    proc = subprocess.run([sys.executable, "-c", _DRIVER_CHILD], env=child_env(shim), cwd=TESTS,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    code = replica_tests.event_step_child(_DRIVER_PRELUDE, ("optimum.neuron.accelerate.optimizer",
+                                                          "NeuronAcceleratedOptimizer.step"))
+    return replica_tests.run_child_json(code, child_env(shim), TESTS)
 
 
 @defined_where(not GUARDED)
@@ -378,11 +302,6 @@ print(json.dumps({"seen": seen, "shim": tpu_closure_fix.is_enabled()}))
 def test_zero_1_branch_runs_the_release_unchanged():
     """On the ZeRO-1 branch the fix steps aside: the ZeRO-1 optimizer receives the user's own closure (it
     runs it, then reduce-scatters: the right order for one evaluation), with the shim as without it."""
-    results = {}
-    for shim in (True, False):
-        proc = subprocess.run([sys.executable, "-c", _ZERO_CHILD], env=child_env(shim), cwd=TESTS,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results[shim] = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = {shim: replica_tests.run_child_json(_ZERO_CHILD, child_env(shim), TESTS) for shim in (True, False)}
     assert results[True]["shim"] is True and results[False]["shim"] is False
     assert results[True]["seen"] == results[False]["seen"] == [{"user_closure": True, "kwargs": []}]

@@ -254,14 +254,20 @@ def test_clipping_acts_on_reduced_gradients(runs):
         assert got == on_reduced
 
 
-@for_scenario("lite-lbfgs")
-def test_lbfgs_reduces_after_every_closure_evaluation(runs):
-    evs = event_names(runs, True, "lite-lbfgs")
-    assert evs.count("backward") > BY_NAME["lite-lbfgs"]["steps"]
+def assert_reduced_after_every_evaluation(runs, name):
+    """With the shim, every closure evaluation (one backward each, more evaluations than steps: LBFGS) is
+    followed at once by its gradient reduction."""
+    evs = event_names(runs, True, name)
+    assert evs.count("backward") > BY_NAME[name]["steps"]
     assert evs.count("reduce_gradients") == evs.count("backward")
     for i, ev in enumerate(evs):
         if ev == "backward":
             assert evs[i + 1] == "reduce_gradients"
+
+
+@for_scenario("lite-lbfgs")
+def test_lbfgs_reduces_after_every_closure_evaluation(runs):
+    assert_reduced_after_every_evaluation(runs, "lite-lbfgs")
 
 
 GUARD_SITE = "torch_xla.core.xla_model:optimizer_step"
@@ -282,12 +288,7 @@ def test_plain_loop_goes_through_the_torch_xla_guard(runs):
 
 @for_scenario("xla-lbfgs")
 def test_plain_loop_lbfgs_reduces_after_every_closure_evaluation(runs):
-    evs = event_names(runs, True, "xla-lbfgs")
-    assert evs.count("backward") > BY_NAME["xla-lbfgs"]["steps"]
-    assert evs.count("reduce_gradients") == evs.count("backward")
-    for i, ev in enumerate(evs):
-        if ev == "backward":
-            assert evs[i + 1] == "reduce_gradients"
+    assert_reduced_after_every_evaluation(runs, "xla-lbfgs")
 
 
 def test_summary_written(runs):

@@ -21,7 +21,8 @@ import os
 
 import pytest
 
-from conftest import TARGET, TESTS, defined_where, run_replicas
+from conftest import REPLICAS, TARGET, TESTS, TIMEOUT, child_env, defined_where
+from support import ranks
 
 EVERY = 10
 STEPS = 12
@@ -43,7 +44,7 @@ def run(api, shim, tmp_path, every=EVERY, action=None, **scenario):
     if action:
         env["TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE"] = action
     scenario = dict(scenario, api=api, steps=STEPS)
-    return run_replicas(scenario, shim, tmp_path, module="support.zero_code", extra_env=env)
+    return ranks.run_replicas("support.zero_code", scenario, REPLICAS, tmp_path, child_env(shim, env), TIMEOUT)
 
 
 def ours(result):

@@ -22,8 +22,8 @@ import warnings
 import pytest
 from packaging.version import Version
 
-from conftest import REPO, TARGET, child_env, defined_where, run_replicas
-from support import expectations
+from conftest import REPLICAS, REPO, TARGET, TIMEOUT, child_env, defined_where
+from support import expectations, ranks
 
 EVERY = 2
 STEPS = 6
@@ -52,9 +52,14 @@ def test_target_has_synccheck_scenarios():
     assert SCENARIOS, "no SyncCheck scenario for %s" % TARGET
 
 
+def run_replicas(shim, tmp_path, world=REPLICAS):
+    """rank -> result of ``world`` Lightning replicas training every scenario, the shim on or off."""
+    return ranks.run_replicas("support.replica", SCENARIOS, world, tmp_path, child_env(shim), TIMEOUT)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return {shim: run_replicas(SCENARIOS, shim, tmp_path_factory.mktemp("synccheck")) for shim in (True, False)}
+    return {shim: run_replicas(shim, tmp_path_factory.mktemp("synccheck")) for shim in (True, False)}
 
 
 def _sync(runs, shim, rank, name):
@@ -109,7 +114,7 @@ def test_silent_with_the_shim(runs):
 
 
 def test_does_nothing_on_a_single_device(tmp_path):
-    results = run_replicas(SCENARIOS, False, tmp_path, world=1)
+    results = run_replicas(False, tmp_path, world=1)
     for s in SCENARIOS:
         assert _sync({False: results}, False, 0, s["name"]) == {"reports": [], "warnings": []}
 

@@ -45,6 +45,27 @@ def _by_case(run):
     return {r["case"]: r for r in run.reports}
 
 
+def _assert_changed(runs, tensor, versions):
+    """Every rank's report of the case "changed" names ``tensor`` alone as differing, held in ``versions``."""
+    for run in runs:
+        report = _by_case(run)["changed"]
+        assert report["outcome"] == "differ" and report["differing"] == [tensor]
+        assert report["versions"] == versions
+
+
+def _shared_run(scenario, world=2, env=None, name=None, unavailable=None):
+    """A module-scoped fixture (named ``name``, default the scenario's): one run of the pod ``scenario``
+    that the tests of its section share; ``unavailable``: why this torch cannot run it (the tests skip)."""
+
+    @pytest.fixture(scope="module", name=name or scenario)
+    def shared(tmp_path_factory):
+        if unavailable:
+            pytest.skip(unavailable)
+        return _ok(ranks.run_ranks(scenario, world, tmp_path_factory.mktemp(scenario), env=env))
+
+    return shared
+
+
 # --------------------------------------------------------------------------- (a) a probe on rank 0 only
 def test_the_children_run_the_working_tree(tmp_path):
     """The venv holds an old copy of the package: the children must import this checkout's."""
@@ -160,9 +181,7 @@ def test_the_plain_script_without_run_checks_nothing(tmp_path):
 
 
 # --------------------------------------------------------------------------- (d) started different / diverged between
-@pytest.fixture(scope="module")
-def seeded(tmp_path_factory):
-    return _ok(ranks.run_ranks("seeded", 2, tmp_path_factory.mktemp("seeded")))
+seeded = _shared_run("seeded")
 
 
 def test_replicas_seeded_by_rank_started_different(seeded):
@@ -201,11 +220,9 @@ def test_a_replica_perturbed_after_step_3_diverged_between_step_1_and_step_5(see
 
 
 # --------------------------------------------------------------------------- (e) DTensor on a 2x2 mesh
-@pytest.fixture(scope="module")
-def dtensor(tmp_path_factory):
-    if importlib.util.find_spec("torch.distributed.tensor") is None:
-        pytest.skip("no torch.distributed.tensor (DTensor) in torch %s" % _torch.__version__)
-    return _ok(ranks.run_ranks("dtensor", 4, tmp_path_factory.mktemp("dtensor"), env={"TPU_CLOSURE_FIX": "0"}))
+dtensor = _shared_run("dtensor", world=4, env={"TPU_CLOSURE_FIX": "0"},
+                      unavailable=None if importlib.util.find_spec("torch.distributed.tensor") else
+                      "no torch.distributed.tensor (DTensor) in torch %s" % _torch.__version__)
 
 
 @MANY_RANKS
@@ -231,18 +248,14 @@ def test_dtensor_replicas_that_agree_over_dp_are_identical(dtensor):
 
 @MANY_RANKS
 def test_dtensor_local_shard_changed_on_one_dp_replica_is_named(dtensor):
+    _assert_changed(dtensor, "w", [[0], [2]])
     for run in dtensor:
-        report = _by_case(run)["changed"]
-        assert report["outcome"] == "differ" and report["differing"] == ["w"]
-        assert report["versions"] == [[0], [2]]
-        assert "(rank 0 holds one version; rank 2 holds another)" in report["message"]
+        assert "(rank 0 holds one version; rank 2 holds another)" in _by_case(run)["changed"]["message"]
     assert [len(run.messages) for run in dtensor] == [0, 0, 0, 0]  # compare_replicas only reports
 
 
 # --------------------------------------------------------------------------- (f) neuronx-distributed TP 2 x DP 2
-@pytest.fixture(scope="module")
-def neuron(tmp_path_factory):
-    return _ok(ranks.run_ranks("neuron", 4, tmp_path_factory.mktemp("neuron"), env={"TPU_CLOSURE_FIX": "0"}))
+neuron = _shared_run("neuron", world=4, env={"TPU_CLOSURE_FIX": "0"})
 
 
 @MANY_RANKS
@@ -257,18 +270,13 @@ def test_neuron_tp_shards_agreeing_within_dp_groups_are_identical(neuron):
 
 @MANY_RANKS
 def test_neuron_one_dp_replica_changed_differs(neuron):
-    for run in neuron:
-        report = _by_case(run)["changed"]
-        assert report["outcome"] == "differ" and report["differing"] == ["shard"]
-        assert report["versions"] == [[1], [3]]
+    _assert_changed(neuron, "shard", [[1], [3]])
 
 
 # --------------------------------------------------------------------------- (f') FSDP1 on two "hosts" of 2
-@pytest.fixture(scope="module")
-def fsdp(tmp_path_factory):
-    if tuple(int(x) for x in _torch.__version__.split(".")[:2]) < (2, 1):
-        pytest.skip("FSDP1 on CPU (device_id=cpu) needs torch >= 2.1; torch %s here" % _torch.__version__)
-    return _ok(ranks.run_ranks("fsdp", 4, tmp_path_factory.mktemp("fsdp"), env={SYNC: "1", TIMEOUT_VAR: "30"}))
+fsdp = _shared_run("fsdp", world=4, env={SYNC: "1", TIMEOUT_VAR: "30"},
+                   unavailable=None if tuple(int(x) for x in _torch.__version__.split(".")[:2]) >= (2, 1) else
+                   "FSDP1 on CPU (device_id=cpu) needs torch >= 2.1; torch %s here" % _torch.__version__)
 
 
 @MANY_RANKS
@@ -333,9 +341,7 @@ def test_fsdp_under_the_zero_code_check_one_report_per_event_on_rank_0(fsdp):
 
 
 # --------------------------------------------------------------------------- (g) what compare_replicas takes
-@pytest.fixture(scope="module")
-def optimizers(tmp_path_factory):
-    return _ok(ranks.run_ranks("optimizer", 2, tmp_path_factory.mktemp("optimizer")))
+optimizers = _shared_run("optimizer", name="optimizers")
 
 
 def test_an_optimizer_of_differing_replicas_differs(optimizers):

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
 
-from support import ports, synccheck_corpus  # noqa: E402  (after the skip: needs torch)
+from support import ranks, synccheck_corpus  # noqa: E402  (after the skip: needs torch)
 from tpu_closure_fix import synccheck  # noqa: E402  (after the skip: needs torch)
 from tpu_closure_fix.synccheck import comm, compare, fingerprint, groups, report as reports  # noqa: E402
 
@@ -27,23 +27,15 @@ TIMEOUT = 600
 
 def _run(world, backend, tmp_path, kinds=None):
     """Start ``world`` corpus replicas; rank -> {(kind, twin): case}."""
-    from tpu_closure_fix.verify.child import run_children
-
-    port = ports.free_port()
-    outs = [str(tmp_path / ("%s-%d-rank%d.json" % (backend, world, rank))) for rank in range(world)]
     extra = ["--kinds", ",".join(kinds)] if kinds else []
-    commands = [[sys.executable, "-m", "support.synccheck_corpus", "--rank", str(rank), "--world", str(world),
-                 "--port", str(port), "--backend", backend, "--out", out] + extra
-                for rank, out in enumerate(outs)]
     env = dict(os.environ, TPU_CLOSURE_FIX="0", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                PYTHONPATH=os.pathsep.join([REPO, TESTS]))
-    runs = run_children(commands, TIMEOUT, env=env, cwd=TESTS, result_files=outs)
-    for rank, run in enumerate(runs):
-        assert run.ok, "replica %d of %d (%s) %s:\n%s%s" % (rank, world, backend, run.error, run.stdout[-2000:],
-                                                             run.stderr_tail())
-    for rank, run in enumerate(runs):  # a process group is initialised: torch.distributed, even with torch_xla
-        assert run.payload["default_backend"] == "torch.distributed", (rank, backend)
-    return {rank: {(c["kind"], c["twin"]): c for c in run.payload["cases"]} for rank, run in enumerate(runs)}
+    runs = ranks.launch([sys.executable, "-m", "support.synccheck_corpus"], world, tmp_path,
+                        ["--backend", backend] + extra, env, TIMEOUT, cwd=TESTS, tag=backend)
+    ranks.assert_all_finished(runs)
+    for run in runs:  # a process group is initialised: torch.distributed, even with torch_xla
+        assert run.payload["default_backend"] == "torch.distributed", (run.rank, backend)
+    return {run.rank: {(c["kind"], c["twin"]): c for c in run.payload["cases"]} for run in runs}
 
 
 @pytest.fixture(scope="module",

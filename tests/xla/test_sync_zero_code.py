@@ -7,7 +7,6 @@ different models -- with the shim off or on. ``TPU_CLOSURE_FIX_SYNC_CHECK=10`` u
 XLA tensors is copied to the host); its twins: the same data on both replicas (in sync: checked,
 silent) and the variable unset (nothing checked, the check's module not imported).
 """
-import json
 import os
 import sys
 
@@ -18,25 +17,20 @@ from xla_tier import REPO, TESTS, TIMEOUT, XLA_PY, defined_where, xla_env
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from support import ports  # noqa: E402
-from tpu_closure_fix.verify.child import run_children  # noqa: E402
+from support import ranks  # noqa: E402
 
 STEPS = 12
 EVERY = 10
 
 
 def run(tmp_path, scenarios, **variables):
-    port = ports.free_port()
-    outs = [str(tmp_path / ("rank%d.json" % rank)) for rank in range(2)]
+    """Both ranks' results (one per scenario), the ranks on real torch_xla (``XLA_PY``) and the shim off."""
     env = xla_env(dict(variables, PJRT_DEVICE="CPU", TPU_CLOSURE_FIX="0"),
                   drop=("PJRT_DEVICE", "CPU_NUM_DEVICES", "TPU_CLOSURE_FIX", "PYTHONPATH",
                         "TPU_CLOSURE_FIX_SYNC_CHECK", "TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE"))
     env["PYTHONPATH"] = os.pathsep.join([REPO, TESTS])
-    commands = [[XLA_PY, "-m", "support.zero_code", "--rank", str(rank), "--world", "2", "--port", str(port),
-                 "--scenarios", json.dumps(scenarios), "--out", out] for rank, out in enumerate(outs)]
-    runs = run_children(commands, TIMEOUT, env=env, cwd=TESTS, result_files=outs)
-    assert all(r.ok for r in runs), [r.error + r.stderr_tail() for r in runs]
-    return [r.payload["runs"] for r in runs]
+    results = ranks.run_replicas("support.zero_code", scenarios, 2, tmp_path, env, TIMEOUT, python=XLA_PY)
+    return [results[rank]["runs"] for rank in sorted(results)]
 
 
 @pytest.fixture(scope="module")
