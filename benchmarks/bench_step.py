@@ -60,8 +60,9 @@ def setup():
     warnings.simplefilter("ignore")
     os.environ.pop("TPU_CLOSURE_FIX", None)
     import torch
-    import pytorch_lightning as pl
+    import pytorch_lightning  # noqa: F401 (Lightning is imported before the torch_xla stand-in is installed)
     from support import xla_standin as xm
+    from support.one_step_trainer import fitted_tpu_precision_plugin
     import tpu_closure_fix
     from pytorch_lightning.plugins.precision import tpu
 
@@ -75,17 +76,6 @@ def setup():
 
     tpu.TPUPrecisionPlugin._tpu_wrap_closure = _tpu_wrap_closure  # the 1.9.0 helper, on the same class
 
-    class Model(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(2, 1)
-
-        def training_step(self, batch, batch_idx):
-            return self.layer(batch).sum()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.0)
-
     class NoOpOptimizer(torch.optim.Optimizer):
         def __init__(self, params):
             super().__init__(params, {})
@@ -93,11 +83,7 @@ def setup():
         def step(self, closure=None):
             return closure()
 
-    model = Model()
-    trainer = pl.Trainer(max_steps=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, plugins=[tpu.TPUPrecisionPlugin()])
-    trainer.fit(model, train_dataloaders=torch.utils.data.DataLoader(torch.randn(2, 2), batch_size=2))
-    plugin = trainer.strategy.precision_plugin
+    plugin, model = fitted_tpu_precision_plugin()
     optimizer = NoOpOptimizer(model.parameters())
     result = torch.tensor(1.0)
 

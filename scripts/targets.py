@@ -74,6 +74,14 @@ _PL_1_8_6 = [
     "tensorboardX==2.5.1", "protobuf==3.20.3", SETUPTOOLS,
 ]
 
+
+def _with_tensorboard(lightning_pins, tensorboard_pins):
+    """The pins of a PL 1.3-1.8.0 target: Lightning and its own dependencies, then the PyYAML and numpy
+    that all of them share, then the tensorboard stack and the six and setuptools it needs.  The order is
+    the requirement list's, which the install stamp hashes."""
+    return lightning_pins + ["PyYAML==6.0.1", "numpy==1.23.5"] + tensorboard_pins + ["six==1.16.0", SETUPTOOLS]
+
+
 #: PL 1.0.x-1.1.x predate torchmetrics (metrics lived in pytorch_lightning.metrics). Their wheels ask for
 #: numpy, future, PyYAML, tqdm, fsspec and tensorboard; no module of theirs imports future (left out), and
 #: tensorboard's stack needs pkg_resources (setuptools 81).
@@ -89,42 +97,30 @@ TARGETS = {
         "packaging==20.9", "pyparsing==2.4.7", "tqdm==4.60.0", "fsspec==2021.4.0",
         "PyYAML==6.0.1", "numpy==1.23.5",
     ] + _TB_STACK_1_2 + [SETUPTOOLS],
-    "pytorch-lightning==1.3.8": [
-        "pytorch-lightning==1.3.8", "torchmetrics==0.4.1", "pyDeprecate==0.3.0",
-        "future==1.0.0", "packaging==21.0", "pyparsing==2.4.7", "tqdm==4.61.1",
-        "fsspec==2021.6.1", "PyYAML==6.0.1", "numpy==1.23.5", "tensorboard==2.4.1",
-        "protobuf==3.20.3", "absl-py==0.13.0", "six==1.16.0", SETUPTOOLS,
-    ],
-    "pytorch-lightning==1.4.9": [
-        "pytorch-lightning==1.4.9", "torchmetrics==0.5.0", "pyDeprecate==0.3.1",
-        "packaging==21.0", "pyparsing==2.4.7", "tqdm==4.62.3", "fsspec==2021.9.0",
-        "PyYAML==6.0.1", "numpy==1.23.5", "tensorboard==2.6.0", "protobuf==3.20.3",
-        "absl-py==0.14.1", "six==1.16.0", SETUPTOOLS,
-    ],
-    "pytorch-lightning==1.5.10": [
-        "pytorch-lightning==1.5.10", "torchmetrics==0.7.2", "pyDeprecate==0.3.1",
-        "packaging==21.3", "pyparsing==3.0.7", "tqdm==4.62.3", "fsspec==2022.1.0",
-        "PyYAML==6.0.1", "numpy==1.23.5", "tensorboard==2.8.0", "protobuf==3.20.3",
-        "absl-py==1.0.0", "six==1.16.0", SETUPTOOLS,
-    ],
-    "pytorch-lightning==1.6.5": [
-        "pytorch-lightning==1.6.5", "torchmetrics==0.9.2", "pyDeprecate==0.3.2",
-        "packaging==21.3", "pyparsing==3.0.9", "tqdm==4.64.0", "fsspec==2022.5.0",
-        "PyYAML==6.0.1", "numpy==1.23.5", "tensorboard==2.9.1", "protobuf==3.20.1",
-        "absl-py==1.1.0", "six==1.16.0", SETUPTOOLS,
-    ],
-    "pytorch-lightning==1.7.7": [
-        "pytorch-lightning==1.7.7", "torchmetrics==0.9.3", "pyDeprecate==0.3.2",
-        "packaging==21.3", "pyparsing==3.0.9", "tqdm==4.64.1", "fsspec==2022.8.2",
-        "PyYAML==6.0.1", "numpy==1.23.5", "tensorboard==2.10.0", "protobuf==3.19.6",
-        "absl-py==1.2.0", "six==1.16.0", SETUPTOOLS,
-    ],
-    "pytorch-lightning==1.8.0": [
-        "pytorch-lightning==1.8.0", "torchmetrics==0.10.2", "lightning-utilities==0.3.0",
-        "packaging==21.3", "pyparsing==3.0.9", "tqdm==4.64.1", "fsspec==2022.10.0",
-        "PyYAML==6.0.1", "numpy==1.23.5", "tensorboard==2.10.1", "protobuf==3.19.6",
-        "absl-py==1.3.0", "six==1.16.0", SETUPTOOLS,
-    ],
+    "pytorch-lightning==1.3.8": _with_tensorboard(
+        ["pytorch-lightning==1.3.8", "torchmetrics==0.4.1", "pyDeprecate==0.3.0", "future==1.0.0",
+         "packaging==21.0", "pyparsing==2.4.7", "tqdm==4.61.1", "fsspec==2021.6.1"],
+        ["tensorboard==2.4.1", "protobuf==3.20.3", "absl-py==0.13.0"]),
+    "pytorch-lightning==1.4.9": _with_tensorboard(
+        ["pytorch-lightning==1.4.9", "torchmetrics==0.5.0", "pyDeprecate==0.3.1", "packaging==21.0",
+         "pyparsing==2.4.7", "tqdm==4.62.3", "fsspec==2021.9.0"],
+        ["tensorboard==2.6.0", "protobuf==3.20.3", "absl-py==0.14.1"]),
+    "pytorch-lightning==1.5.10": _with_tensorboard(
+        ["pytorch-lightning==1.5.10", "torchmetrics==0.7.2", "pyDeprecate==0.3.1", "packaging==21.3",
+         "pyparsing==3.0.7", "tqdm==4.62.3", "fsspec==2022.1.0"],
+        ["tensorboard==2.8.0", "protobuf==3.20.3", "absl-py==1.0.0"]),
+    "pytorch-lightning==1.6.5": _with_tensorboard(
+        ["pytorch-lightning==1.6.5", "torchmetrics==0.9.2", "pyDeprecate==0.3.2", "packaging==21.3",
+         "pyparsing==3.0.9", "tqdm==4.64.0", "fsspec==2022.5.0"],
+        ["tensorboard==2.9.1", "protobuf==3.20.1", "absl-py==1.1.0"]),
+    "pytorch-lightning==1.7.7": _with_tensorboard(
+        ["pytorch-lightning==1.7.7", "torchmetrics==0.9.3", "pyDeprecate==0.3.2", "packaging==21.3",
+         "pyparsing==3.0.9", "tqdm==4.64.1", "fsspec==2022.8.2"],
+        ["tensorboard==2.10.0", "protobuf==3.19.6", "absl-py==1.2.0"]),
+    "pytorch-lightning==1.8.0": _with_tensorboard(
+        ["pytorch-lightning==1.8.0", "torchmetrics==0.10.2", "lightning-utilities==0.3.0", "packaging==21.3",
+         "pyparsing==3.0.9", "tqdm==4.64.1", "fsspec==2022.10.0"],
+        ["tensorboard==2.10.1", "protobuf==3.19.6", "absl-py==1.3.0"]),
     "pytorch-lightning==1.8.6": ["pytorch-lightning==1.8.6"] + _PL_1_8_6,
     "pytorch-lightning==1.9.0": [
         "pytorch-lightning==1.9.0", "torchmetrics==0.11.0", "lightning-utilities==0.5.0",

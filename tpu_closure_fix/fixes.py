@@ -158,6 +158,17 @@ def has_closure(kwargs):
     return kwargs.get("closure") is not None
 
 
+def one_of(parameter, value, choices):
+    """``value`` when it is one of ``choices``, else ValueError naming ``parameter``.
+
+    A fix's constructor argument picks the code shape it handles; checking it when the table is built
+    makes a mistyped row fail at import, not at the first training step.
+    """
+    if value not in choices:
+        raise ValueError("%s must be %s, got %r" % (parameter, " or ".join(repr(c) for c in choices), value))
+    return value
+
+
 class Fix(object):
     """Base class; ``describe()`` is what the support table prints."""
 

@@ -18,12 +18,12 @@ Lightning that interpreter start-up loaded (``loaded``).
 are always ignored.
 """
 import argparse
-import importlib
 import json
 import os
 import sys
 
 from support.layers import depth
+from support.site_classes import defining_classes
 
 
 #: Modules an interpreter that never imports a framework must not load at start-up.
@@ -32,18 +32,8 @@ IDLE_PREFIXES = ("tpu_closure_fix", "wrapt", "torch", "pytorch_lightning", "ligh
 
 def import_all():
     """{"module:Class.method": wrapper depth} of every site the interpreter can import."""
-    out = {}
-    for module_name, qualname in json.loads(os.environ["TCF_SITES"]):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        class_name, attr = qualname.rsplit(".", 1)
-        cls = getattr(module, class_name, None)
-        if cls is None or attr not in vars(cls):
-            continue
-        out[module_name + ":" + qualname] = depth(vars(cls)[attr])
-    return out
+    return {module_name + ":" + qualname: depth(vars(cls)[attr])
+            for module_name, qualname, cls, attr in defining_classes(json.loads(os.environ["TCF_SITES"]))}
 
 
 def emit(before, patched):

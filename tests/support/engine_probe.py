@@ -23,6 +23,7 @@ import sys
 import warnings
 
 from support.layers import depth, innermost
+from support.site_classes import defining_classes
 
 
 warnings.simplefilter("ignore")
@@ -30,17 +31,8 @@ warnings.simplefilter("ignore")
 
 def loaded_sites(sites):
     """{(module, qualname): (class, attr, the release's own function)} for the sites the target has."""
-    found = {}
-    for module_name, qualname in sites:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        class_name, attr = qualname.rsplit(".", 1)
-        cls = getattr(module, class_name, None)
-        if cls is not None and attr in vars(cls):
-            found[(module_name, qualname)] = (cls, attr, innermost(vars(cls)[attr]))
-    return found
+    return {(module_name, qualname): (cls, attr, innermost(vars(cls)[attr]))
+            for module_name, qualname, cls, attr in defining_classes(sites)}
 
 
 def lifecycle(sites):

@@ -62,6 +62,14 @@ def run_probe(python, probe_dir, env_extra=None, pythonpath_extra=(), args=(), d
     return json.loads(line[len("PROBE "):]), proc
 
 
+def probe_in(venv, probe_dir, **probe_options):
+    """The probe's PROBE output from the interpreter of ``venv`` (a ``(python, site-packages)`` fixture);
+    ``probe_options`` as for :func:`run_probe`."""
+    python, _ = venv
+    result, _ = run_probe(python, probe_dir, **probe_options)
+    return result
+
+
 def assert_patched(result):
     assert result["patched"], "no affected call site found in this target"
     assert set(result["patched"].values()) == {1}, result["patched"]
@@ -184,16 +192,13 @@ def test_wheel_ships_startup_files(pth_venv):
 
 
 def test_pth_auto_enable(pth_venv, probe_dir):
-    python, _ = pth_venv
-    result, proc = run_probe(python, probe_dir)
+    result = probe_in(pth_venv, probe_dir)
     assert result["before"] == [], "nothing of the shim may load before Lightning is imported"
     assert_patched(result)
 
 
 def test_pth_switch_off_twin(pth_venv, probe_dir):
-    python, _ = pth_venv
-    result, _ = run_probe(python, probe_dir, env_extra={"TPU_CLOSURE_FIX": "off"})
-    assert_unpatched(result)
+    assert_unpatched(probe_in(pth_venv, probe_dir, env_extra={"TPU_CLOSURE_FIX": "off"}))
 
 
 def test_pth_idle_interpreter_pays_nothing(pth_venv, probe_dir):
@@ -205,35 +210,27 @@ def test_pth_idle_interpreter_pays_nothing(pth_venv, probe_dir):
 
 
 def test_pth_plus_import_one_layer(pth_venv, probe_dir):
-    python, _ = pth_venv
-    result, _ = run_probe(python, probe_dir, args=["enable-twice"])
-    assert_patched(result)
+    assert_patched(probe_in(pth_venv, probe_dir, args=["enable-twice"]))
 
 
 def test_autowrapt_entry_point(bare_venv, probe_dir):
-    python, _ = bare_venv
-    result, _ = run_probe(python, probe_dir, env_extra={"AUTOWRAPT_BOOTSTRAP": "tpu_closure_fix"})
-    assert_patched(result)
+    assert_patched(probe_in(bare_venv, probe_dir, env_extra={"AUTOWRAPT_BOOTSTRAP": "tpu_closure_fix"}))
 
 
 def test_autowrapt_twins(bare_venv, probe_dir):
-    python, _ = bare_venv
-    result, _ = run_probe(python, probe_dir, drop_env=("AUTOWRAPT_BOOTSTRAP",))
-    assert_unpatched(result)  # no .pth, no bootstrap variable: nothing activates
-    result, _ = run_probe(python, probe_dir, env_extra={"AUTOWRAPT_BOOTSTRAP": "tpu_closure_fix",
-                                                        "TPU_CLOSURE_FIX": "0"})
-    assert_unpatched(result)
+    # no .pth, no bootstrap variable: nothing activates
+    assert_unpatched(probe_in(bare_venv, probe_dir, drop_env=("AUTOWRAPT_BOOTSTRAP",)))
+    assert_unpatched(probe_in(bare_venv, probe_dir, env_extra={"AUTOWRAPT_BOOTSTRAP": "tpu_closure_fix",
+                                                               "TPU_CLOSURE_FIX": "0"}))
 
 
 def test_sitecustomize_example(bare_venv, probe_dir):
-    python, _ = bare_venv
     example = os.path.join(REPO, "sitecustomize_example")
-    result, proc = run_probe(python, probe_dir, pythonpath_extra=[example], drop_env=("AUTOWRAPT_BOOTSTRAP",))
+    result = probe_in(bare_venv, probe_dir, pythonpath_extra=[example], drop_env=("AUTOWRAPT_BOOTSTRAP",))
     assert result["before"] == []
     assert_patched(result)
-    result, _ = run_probe(python, probe_dir, pythonpath_extra=[example], env_extra={"TPU_CLOSURE_FIX": "No"},
-                          drop_env=("AUTOWRAPT_BOOTSTRAP",))
-    assert_unpatched(result)
+    assert_unpatched(probe_in(bare_venv, probe_dir, pythonpath_extra=[example], env_extra={"TPU_CLOSURE_FIX": "No"},
+                              drop_env=("AUTOWRAPT_BOOTSTRAP",)))
 
 
 def test_pythonstartup_interactive_only(bare_venv, probe_dir):

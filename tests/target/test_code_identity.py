@@ -16,8 +16,6 @@ Each is checked on 2 gloo replicas (support.replica, the Fabric loop with
 under TPU_CLOSURE_FIX=0 (diverged; disabled / unprotected).
 """
 import json
-import os
-import shutil
 import subprocess
 import sys
 
@@ -25,6 +23,7 @@ import pytest
 
 from conftest import TESTS, child_env, run_replicas, target_dir
 from support import expectations
+from support.package_copy import copy_presented_as, replace_once
 
 FABRIC_SITE = "lightning_fabric.plugins.precision.xla:XLAPrecision.optimizer_step"
 GUARD_SITE = "torch_xla.core.xla_model:optimizer_step"
@@ -39,15 +38,10 @@ EDITED_CALL = ("        result = xm.optimizer_step(optimizer, optimizer_args=kwa
 
 def presented_as(root, version, edit=False):
     """A copy of the installed lightning_fabric under ``root`` claiming ``version``; returns ``root``."""
-    package = root / "lightning_fabric"
-    shutil.copytree(os.path.join(target_dir(), "lightning_fabric"), str(package),
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    (package / "version.info").write_text(version + "\n")
+    package = copy_presented_as(target_dir(), "lightning_fabric", root, version)
     if edit:
-        path = package / "plugins" / "precision" / "xla.py"
-        text = path.read_text()
-        assert text.count(ORIGINAL_CALL) == 1, "lightning-fabric 2.6.6's XLAPrecision.optimizer_step changed?"
-        path.write_text(text.replace(ORIGINAL_CALL, EDITED_CALL))
+        replace_once(package / "plugins" / "precision" / "xla.py", ORIGINAL_CALL, EDITED_CALL,
+                     "lightning-fabric 2.6.6's XLAPrecision.optimizer_step changed?")
     return root
 
 

@@ -10,12 +10,11 @@ to any verified release: left untouched, it and every class inheriting it) and i
 reported unprotected.
 """
 import json
-import os
-import shutil
 import subprocess
 import sys
 
 from conftest import TESTS, child_env, target_dir
+from support.package_copy import copy_presented_as, replace_once
 
 XLA_SITE = "pytorch_lightning.plugins.precision.xla:XLAPrecision.optimizer_step"
 LEGACY = ("pytorch_lightning.plugins.precision.tpu:TPUPrecisionPlugin.optimizer_step",
@@ -34,25 +33,16 @@ LEGACY_OVERRIDE = (LEGACY_CLASS + "    def _xla_wrap_closure(self, optimizer, cl
 
 
 def presented_as(root, version, reorder=False, reorder_helper=False, legacy_override=False):
-    package = root / "pytorch_lightning"
-    shutil.copytree(os.path.join(target_dir(), "pytorch_lightning"), str(package),
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    (package / "version.info").write_text(version + "\n")
+    package = copy_presented_as(target_dir(), "pytorch_lightning", root, version)
+    xla = package / "plugins" / "precision" / "xla.py"
     if reorder:
-        path = package / "plugins" / "precision" / "xla.py"
-        text = path.read_text()
-        assert text.count(STEP) == 1, "pytorch-lightning 2.6.6's XLAPrecision.optimizer_step changed?"
-        path.write_text(text.replace(STEP, REDUCED_FIRST))
+        replace_once(xla, STEP, REDUCED_FIRST, "pytorch-lightning 2.6.6's XLAPrecision.optimizer_step changed?")
     if reorder_helper:
-        path = package / "plugins" / "precision" / "xla.py"
-        text = path.read_text()
-        assert text.count(HELPER) == 1, "pytorch-lightning 2.6.6's XLAPrecision._xla_wrap_closure changed?"
-        path.write_text(text.replace(HELPER, HELPER_REDUCING_FIRST))
+        replace_once(xla, HELPER, HELPER_REDUCING_FIRST,
+                     "pytorch-lightning 2.6.6's XLAPrecision._xla_wrap_closure changed?")
     if legacy_override:
-        path = package / "_graveyard" / "tpu.py"
-        text = path.read_text()
-        assert text.count(LEGACY_CLASS) == 1, "pytorch-lightning 2.6.6's legacy TPUPrecisionPlugin changed?"
-        path.write_text(text.replace(LEGACY_CLASS, LEGACY_OVERRIDE))
+        replace_once(package / "_graveyard" / "tpu.py", LEGACY_CLASS, LEGACY_OVERRIDE,
+                     "pytorch-lightning 2.6.6's legacy TPUPrecisionPlugin changed?")
     return str(root)
 
 

@@ -254,20 +254,29 @@ def test_a_failure_of_the_shim_stays_unprotected_twin():
     assert (out.name, out.exit_code) == ("unprotected", 1)
 
 
-def test_check_with_a_torch_xla_that_cannot_be_imported_exits_3_naming_the_error(tmp_path):
-    """The real command: a torch_xla whose import raises (a broken libtpu) is "could not verify", exit 3."""
+def run_check_with_broken_torch_xla(tmp_path, init_source, args, env_extra=None, **run_options):
+    """The real ``tpu-closure-fix check ARGS`` in a child whose only torch_xla is a package under ``tmp_path``
+    whose ``__init__`` is ``init_source`` (one that raises, as a broken libtpu does); returns the finished
+    process. ``run_options`` go to subprocess.run (``text=True`` for str output)."""
     import os
     import subprocess
     import sys
 
-    broken = tmp_path / "site" / "torch_xla"
-    broken.mkdir(parents=True)
-    (broken / "__init__.py").write_text("raise ImportError('libtpu.so: cannot open shared object file')\n")
+    site = tmp_path / "site"
+    (site / "torch_xla").mkdir(parents=True)
+    (site / "torch_xla" / "__init__.py").write_text(init_source)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {k: v for k, v in os.environ.items() if k not in ("TPU_CLOSURE_FIX", "PYTHONPATH")}
-    env["PYTHONPATH"] = os.pathsep.join([repo, str(tmp_path / "site")])
-    proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", "check", "--no-graph", "--timeout", "300"],
-                          env=env, capture_output=True, text=True, timeout=400, cwd=str(tmp_path))
+    env.update(env_extra or {}, PYTHONPATH=os.pathsep.join([repo, str(site)]))
+    return subprocess.run([sys.executable, "-m", "tpu_closure_fix", "check"] + list(args), env=env,
+                          capture_output=True, timeout=400, cwd=str(tmp_path), **run_options)
+
+
+def test_check_with_a_torch_xla_that_cannot_be_imported_exits_3_naming_the_error(tmp_path):
+    """The real command: a torch_xla whose import raises (a broken libtpu) is "could not verify", exit 3."""
+    proc = run_check_with_broken_torch_xla(
+        tmp_path, "raise ImportError('libtpu.so: cannot open shared object file')\n",
+        ["--no-graph", "--timeout", "300"], text=True)
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.rstrip().splitlines()[-1].startswith(
         "COULD NOT VERIFY: torch_xla.core.xla_model:optimizer_step cannot be imported (import failed: ImportError: "
@@ -291,17 +300,8 @@ def test_status_table_rows_are_printable_ascii_one_line_each():
 
 def test_check_text_output_prints_on_an_ascii_stdout(tmp_path):
     """A child's exception line with non-ASCII text (a torch_xla import error naming a path) is escaped."""
-    import os
-    import subprocess
-    import sys
-
-    broken = tmp_path / "site" / "torch_xla"
-    broken.mkdir(parents=True)
-    (broken / "__init__.py").write_text("raise ImportError('/opt/caf\\u00e9/libtpu.so: cannot open')\n")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {k: v for k, v in os.environ.items() if k not in ("TPU_CLOSURE_FIX", "PYTHONPATH")}
-    env.update(PYTHONPATH=os.pathsep.join([repo, str(tmp_path / "site")]), PYTHONIOENCODING="ascii")
-    proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", "check", "--timeout", "300"], env=env,
-                          capture_output=True, timeout=400, cwd=str(tmp_path))
+    proc = run_check_with_broken_torch_xla(
+        tmp_path, "raise ImportError('/opt/caf\\u00e9/libtpu.so: cannot open')\n", ["--timeout", "300"],
+        env_extra={"PYTHONIOENCODING": "ascii"})
     assert proc.returncode == 3 and b"Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert b"caf\\xe9" in proc.stdout.splitlines()[-1], proc.stdout[-2000:]

@@ -1,7 +1,9 @@
 """The engine over time, in process: enable before or after the import, the import hook, reload, reconcile,
 disable -- on a private package imported for real (support/engine_world.py), with wrapt's real hooks."""
+import contextlib
 import importlib
 import sys
+import threading
 import types
 import warnings
 
@@ -330,18 +332,21 @@ def test_the_late_warning_skips_integrations_that_cannot_say(world, monkeypatch)
 
 # --------------------------------------------------------------------------- fork: the locks a child gets
 def test_a_lock_this_thread_holds_is_kept_in_the_child():
-    lock = __import__("threading").RLock()
+    lock = threading.RLock()
     with lock:
         assert engine._fresh_in_child(lock) is lock
 
 
-def test_a_lock_another_thread_holds_is_replaced_in_the_child():
-    import threading
-
-    lock, taken, release = threading.RLock(), threading.Event(), threading.Event()
+@contextlib.contextmanager
+def held_by_another_thread(*locks):
+    """Run the block while a second thread holds every lock in ``locks`` (as a thread other than the forking
+    one may hold them at fork time); the thread releases them and is joined when the block ends."""
+    taken, release = threading.Event(), threading.Event()
 
     def hold():
-        with lock:
+        with contextlib.ExitStack() as stack:
+            for lock in locks:
+                stack.enter_context(lock)
             taken.set()
             release.wait(10)
 
@@ -349,45 +354,37 @@ def test_a_lock_another_thread_holds_is_replaced_in_the_child():
     thread.start()
     taken.wait(10)
     try:
+        yield
+    finally:
+        release.set()
+        thread.join(10)
+
+
+def test_a_lock_another_thread_holds_is_replaced_in_the_child():
+    lock = threading.RLock()
+    with held_by_another_thread(lock):
         fresh = engine._fresh_in_child(lock)
         assert fresh is not lock and fresh.acquire(blocking=False)
         fresh.release()
         assert type(fresh) is type(lock)
-    finally:
-        release.set()
-        thread.join(10)
     plain = threading.Lock()  # no _is_owned: always a new lock
     assert engine._fresh_in_child(plain) is not plain
 
 
 def test_after_fork_the_engine_and_wrapt_locks_are_free(monkeypatch):
-    import threading
-
     import wrapt.importer as importer
 
-    held_engine, held_wrapt, taken, release = threading.RLock(), threading.RLock(), threading.Event(), \
-        threading.Event()
+    held_engine, held_wrapt = threading.RLock(), threading.RLock()
     monkeypatch.setattr(engine, "_state", engine._State())
     engine._state.lock = held_engine
     monkeypatch.setattr(importer, "_post_import_hooks_lock", held_wrapt)
 
-    def hold():
-        with held_engine, held_wrapt:
-            taken.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    taken.wait(10)
-    try:
+    with held_by_another_thread(held_engine, held_wrapt):
         engine._after_fork_in_child()
         assert engine._state.lock is not held_engine and importer._post_import_hooks_lock is not held_wrapt
         assert engine._state.lock.acquire(blocking=False) and importer._post_import_hooks_lock.acquire(blocking=False)
         engine._state.lock.release()
         importer._post_import_hooks_lock.release()
-    finally:
-        release.set()
-        thread.join(10)
     with engine._state.lock, importer._post_import_hooks_lock:  # held by this (the forking) thread: kept
         kept = engine._state.lock, importer._post_import_hooks_lock
         engine._after_fork_in_child()

@@ -387,13 +387,23 @@ def test_rule_9_a_class_that_does_not_define_the_method(world):
 
 
 # --------------------------------------------------------------------------- rule 10: ours
-def test_rule_10_our_wrapper_is_patched_with_its_note(world):
+class _CaveatFix(RecordingFix):
+    caveat = "covers the default hook only"
+
+
+# The patched verdict's reason is the site's note, then the fix's caveat: each alone, or joined by "; ".
+@pytest.mark.parametrize("fix, reason, noted_reason", [
+    (RecordingFix, "", "a note"),
+    (_CaveatFix, "covers the default hook only", "a note; covers the default hook only"),
+], ids=["without-caveat", "with-caveat"])
+def test_rule_10_our_wrapper_is_patched_with_its_note_and_fix_caveat(world, fix, reason, noted_reason):
     w = world()
+    w.fix = fix()
     (row,) = w.table(w.row("Base.step"))
     w.enable()
-    assert w.decide("Base.step") == engine.Finding(engine.PATCHED, "", row, "1.5", None)
+    assert w.decide("Base.step") == engine.Finding(engine.PATCHED, reason, row, "1.5", None)
     engine._state.notes[w.key("Base.step")] = "a note"
-    assert w.decide("Base.step").reason == "a note"
+    assert w.decide("Base.step").reason == noted_reason
 
 
 def test_rule_10_switched_off_it_passes_through(world):
@@ -993,20 +1003,7 @@ def test_rule_6_not_affected_reads_the_code_under_a_wrapper(world):
 
 
 # --------------------------------------------------------------------------- a fix's caveat
-class _CaveatFix(RecordingFix):
-    caveat = "covers the default hook only"
-
-
-def test_a_patched_verdict_says_its_fix_caveat(world):
-    w = world()
-    w.fix = _CaveatFix()
-    (row,) = w.table(w.row("Base.step"))
-    w.enable()
-    assert w.decide("Base.step") == engine.Finding(engine.PATCHED, "covers the default hook only", row, "1.5", None)
-    engine._state.notes[w.key("Base.step")] = "a note"
-    assert w.decide("Base.step").reason == "a note; covers the default hook only"
-
-
+# (a patched verdict with its caveat: test_rule_10_our_wrapper_is_patched_with_its_note_and_fix_caveat)
 def test_a_patched_verdict_twin_without_a_caveat_says_only_its_note(world):
     w = world()
     (row,) = w.table(w.row("Base.step"))

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from support.xla_model_source import xla_model_source
 from tpu_closure_fix import check, report
 from tpu_closure_fix.verify import fresh
 
@@ -438,20 +439,7 @@ def test_an_interpreter_that_cannot_start_could_not_verify_exit_3(tmp_path):
 
 # --------------------------------------------------------------------------- compiled-only distributions
 #: torch_xla's ``optimizer_step`` as 2.1-2.9 write it (the guard's shape): reduce, step, barrier.
-XLA_MODEL = '''
-def reduce_gradients(optimizer, groups=None, pin_layout=True):
-    pass
-
-def mark_step():
-    pass
-
-def optimizer_step(optimizer, barrier=False, optimizer_args={}, groups=None, pin_layout=True):
-    reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
-    loss = optimizer.step(**optimizer_args)
-    if barrier:
-        mark_step()
-    return loss
-'''
+XLA_MODEL = xla_model_source()
 
 
 def _enterprise(root, xla_release=None):

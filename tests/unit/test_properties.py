@@ -70,6 +70,7 @@ def site():
     import tpu_closure_fix
     from pytorch_lightning.plugins.precision import tpu
     from support import xla_standin as xm
+    from support.one_step_trainer import fitted_tpu_precision_plugin
 
     tpu_closure_fix.enable()
     xm.install()
@@ -77,21 +78,7 @@ def site():
     tpu._XLA_AVAILABLE = True
     assert tpu_closure_fix.engine.is_ours(vars(tpu.TPUPrecisionPlugin)["optimizer_step"])
 
-    class Model(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(2, 1)
-
-        def training_step(self, batch, batch_idx):
-            return self.layer(batch).sum()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.0)
-
-    model = Model()
-    trainer = pl.Trainer(max_steps=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, plugins=[tpu.TPUPrecisionPlugin()])
-    trainer.fit(model, train_dataloaders=torch.utils.data.DataLoader(torch.randn(2, 2), batch_size=2))
+    plugin, model = fitted_tpu_precision_plugin()
 
     class Evaluating(torch.optim.Optimizer):
         """Evaluates the closure ``times`` times per step (like LBFGS) and records its keyword arguments."""
@@ -108,7 +95,7 @@ def site():
                 result = closure()
             return result
 
-    yield trainer.strategy.precision_plugin, model, Evaluating(model.parameters()), xm
+    yield plugin, model, Evaluating(model.parameters()), xm
     sys.modules.pop("torch_xla.core.xla_model", None)
     sys.modules.pop("torch_xla.core", None)
     sys.modules.pop("torch_xla", None)

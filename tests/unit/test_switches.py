@@ -19,6 +19,7 @@ import warnings
 
 import pytest
 
+from support.xla_model_source import xla_model_source
 from tpu_closure_fix import activation, config, engine, fixes, integrations, report, sites
 from tpu_closure_fix.shape import Shape
 
@@ -225,22 +226,8 @@ class Optimizer(object):
         return "original"
 '''
 
-XLA_MODEL = '''
-def reduce_gradients(optimizer, groups=None, pin_layout=True):
-    calls.append("reduce_gradients")
-
-
-def mark_step(wait=False):
-    calls.append("mark_step")
-
-
-def optimizer_step(optimizer, barrier=False, optimizer_args={}, groups=None, pin_layout=True):
-    reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
-    loss = optimizer.step(**optimizer_args)
-    if barrier:
-        mark_step()
-    return loss
-'''
+#: torch_xla's xla_model whose reduce_gradients and mark_step append their names to the module's ``calls``.
+XLA_MODEL = xla_model_source(on_reduce='calls.append("reduce_gradients")', on_mark_step='calls.append("mark_step")')
 
 #: The sites of the tests' table: (integration, top-level package, shape).
 OWN_SITES = {"accelerate": ("tcf_switches_accelerate", STEP), "optimum_neuron": ("tcf_switches_neuron", STEP),

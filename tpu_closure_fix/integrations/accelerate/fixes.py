@@ -15,7 +15,7 @@ Two code shapes (see the rows in this package's ``__init__``):
 """
 from functools import partial
 
-from ...fixes import Fix, FixUnavailable, guarded, reduce_after, xla_model_for
+from ...fixes import Fix, FixUnavailable, guarded, one_of, reduce_after, xla_model_for
 
 #: ``AcceleratedOptimizer.step(self, closure=None)`` in every release that takes a closure.
 PARAMS = ("closure",)
@@ -100,9 +100,7 @@ class XlaClosureFix(Fix):
     name = "accelerate-xla-closure"
 
     def __init__(self, world_size):
-        if world_size not in ("xrt", "xr"):
-            raise ValueError("world_size must be 'xrt' or 'xr', got %r" % (world_size,))
-        self.world_size = world_size
+        self.world_size = one_of("world_size", world_size, ("xrt", "xr"))
 
     def describe(self):
         return ("on XLA with a closure: the release's step, each closure evaluation followed by one "

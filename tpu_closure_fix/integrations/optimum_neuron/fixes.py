@@ -25,7 +25,7 @@ import importlib
 import inspect
 from functools import partial
 
-from ...fixes import Fix, FixUnavailable, guarded, reduce_after, xla_model_for
+from ...fixes import Fix, FixUnavailable, guarded, one_of, reduce_after, xla_model_for
 
 #: ``NeuronAcceleratedOptimizer.step(self, closure=None)`` in every release.
 PARAMS = ("closure",)
@@ -78,9 +78,7 @@ class DataParallelStepFix(Fix):
     name = "optimum-neuron-data-parallel"
 
     def __init__(self, imports):
-        if imports not in ("step", "module"):
-            raise ValueError("imports must be 'step' or 'module', got %r" % (imports,))
-        self.imports = imports
+        self.imports = one_of("imports", imports, ("step", "module"))
 
     def describe(self):
         return ("with a closure on the XLA/model-parallel branch: closure -> sequence-parallel pass -> "
