@@ -44,6 +44,24 @@ def make_site(variant, integration, package, distribution, module, qualname, rel
                     tuple(fingerprints), note)
 
 
+def fingerprint_table(text):
+    """``{variant: ((release, fingerprint), ...)}`` from a text table, one row a line: the variant, then one
+    ``release=fingerprint`` pair per distinct code the row covers (blank lines and ``#`` comments skipped).
+
+    Written as text so that each integration's measured fingerprints read as the table they are."""
+    table = {}
+    for line in text.splitlines():
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        variant, pairs = words[0], words[1:]
+        if not pairs or variant in table or not all(pair.count("=") == 1 for pair in pairs):
+            raise ValueError("fingerprint table: bad row %r (expected 'variant release=sha256:... ...', "
+                             "one row per variant)" % line.strip())
+        table[variant] = tuple(tuple(pair.split("=")) for pair in pairs)
+    return table
+
+
 def _collect():
     from . import integrations
 

@@ -173,3 +173,19 @@ def test_table_ranges_take_the_fast_path_and_others_fall_back():
     assert releases.in_range("1.8.3", "~=1.8.0") and not releases.in_range("1.9.0", "~=1.8.0")
     assert releases.in_range("2.0.9", "==2.0.*") and not releases.in_range("2.1.0", "!=2.1.0,>=2.0")
     assert not releases.in_range("not a version", ">=1.0")
+
+
+def test_fingerprint_table_reads_one_row_per_variant_with_every_pair_in_order():
+    table = sites.fingerprint_table("""
+    # a comment line, then rows; a trailing comment is not a pair
+    a-1   1.0=sha256:00  1.2=sha256:01
+    b-2   2.0=sha256:02  # same code as before
+    """)
+    assert table == {"a-1": (("1.0", "sha256:00"), ("1.2", "sha256:01")), "b-2": (("2.0", "sha256:02"),)}
+
+
+@pytest.mark.parametrize("text", ["a-1", "a-1 1.0", "a-1 1.0=x=y", "a-1 1.0=x\na-1 1.2=y"],
+                         ids=["no-pair", "no-equals", "two-equals", "variant-twice"])
+def test_fingerprint_table_refuses_a_bad_row_naming_it(text):
+    with pytest.raises(ValueError, match="fingerprint table: bad row 'a-1"):
+        sites.fingerprint_table(text)

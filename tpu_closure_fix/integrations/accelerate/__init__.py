@@ -20,7 +20,7 @@ between two adjacent releases that were both read:
 outside the rows, they are left untouched and reported as unknown.
 """
 from ...shape import Shape
-from ...sites import make_site
+from ...sites import fingerprint_table, make_site
 from .fixes import PARAMS, OptimizerStepClosureFix, XlaClosureFix
 
 NAME = "accelerate"
@@ -56,14 +56,13 @@ XLA_XR = Shape(PARAMS, varkw=False, requires=_XLA_STEP + ("xr", "world_size"),
 #: fingerprint)`` pair per distinct code, named by the newest release read that has it. Measured by
 #: ``python scripts/fingerprints.py wheels`` from the 37 closure-taking wheels read (not every
 #: release; docs/fingerprints.json lists them per release). 0.21.0 and 0.22.0 changed only the scaler branch.
-FINGERPRINTS = {
-    "accelerate-0.4": (("0.5.1", "sha256:05ba936f9527a4b2"),),
-    "accelerate-0.6": (("0.10.0", "sha256:90d54cfc8ccfec29"),),
-    "accelerate-0.11": (("0.20.3", "sha256:8306a2f6a6537970"), ("0.21.0", "sha256:03370a90194583e2"),
-                        ("0.27.2", "sha256:378a8f66ea8a439d")),
-    "accelerate-0.28": (("0.29.3", "sha256:b0fdce55d3656a41"), ("1.6.0", "sha256:59b2457bd134540c")),
-    "accelerate-1.7": (("1.16.0", "sha256:99a5512f038b56d2"),),
-}
+FINGERPRINTS = fingerprint_table("""
+accelerate-0.4   0.5.1=sha256:05ba936f9527a4b2
+accelerate-0.6   0.10.0=sha256:90d54cfc8ccfec29
+accelerate-0.11  0.20.3=sha256:8306a2f6a6537970  0.21.0=sha256:03370a90194583e2  0.27.2=sha256:378a8f66ea8a439d
+accelerate-0.28  0.29.3=sha256:b0fdce55d3656a41  1.6.0=sha256:59b2457bd134540c
+accelerate-1.7   1.16.0=sha256:99a5512f038b56d2
+""")
 
 
 def _site(variant, releases, shape, fix, note=""):

@@ -12,7 +12,7 @@ top-level package, or a sub-package of the unified ``lightning`` distribution
 import sys
 
 from ...shape import Shape
-from ...sites import NotAffected, make_site
+from ...sites import NotAffected, fingerprint_table, make_site
 from .fixes import AcceleratorStepFix, LightningOptimizerFix, LiteClosureFix, ModuleHookFix, TrainerClosureFix
 
 NAME = "lightning"
@@ -26,33 +26,33 @@ PACKAGES = frozenset(("pytorch_lightning", "lightning", "lightning_lite", "light
 #: Measured from the released wheels by ``python scripts/fingerprints.py`` (every release of each
 #: range; docs/fingerprints.json holds them per release); a test checks them against that file and,
 #: in the release matrix, against the loaded code.
-FINGERPRINTS = {
-    "pl-1.0.4": (("1.0.4", "sha256:7e20882947495f3d"), ("1.0.6", "sha256:531ec17e9e44ee1b")),
-    "pl-1.0.7": (("1.0.8", "sha256:1091ba501fc27f9c"),),
-    "pl-1.1.0": (("1.1.3", "sha256:a85b0436d8ac616e"),),
-    "pl-1.1.4": (("1.1.8", "sha256:bf07531de89760f2"),),
-    "pl-1.2.0": (("1.2.2", "sha256:b45ca96081378e9d"),),
-    "pl-1.2.3": (("1.2.7", "sha256:219d54974ee7349e"),),
-    "pl-1.2.8": (("1.2.10", "sha256:5a1a985b8d6b3495"),),
-    "pl-1.3": (("1.3.8", "sha256:268bb6f7cc0a9f29"),),
-    "pl-1.4": (("1.4.9", "sha256:268bb6f7cc0a9f29"),),
-    "pl-1.5": (("1.5.10.post0", "sha256:901aededd375c714"),),
-    "pl-1.6": (("1.6.4", "sha256:57954283a281a8cd"), ("1.6.5.post0", "sha256:eb84e582c74f60d2")),
-    "pl-1.7": (("1.7.7", "sha256:6e820f3821fdc03c"),),
-    "pl-1.8": (("1.8.6", "sha256:d6b09a497b671e1e"),),
-    "lightning-1.8": (("1.8.6", "sha256:d6b09a497b671e1e"),),
-    "lite-1.8": (("1.8.6", "sha256:7f423218dcd724d6"),),
-    "lightning-lite-1.8": (("1.8.6", "sha256:7f423218dcd724d6"),),
-    "fabric-1.9": (("2.0.9", "sha256:7f423218dcd724d6"),),
-    "lightning-fabric-1.9": (("2.0.0", "sha256:7f423218dcd724d6"),),
-    "fabric-2.1": (("2.1.4", "sha256:6dbeb102b5d4fecd"), ("2.6.6", "sha256:9133ab807b8a63a7")),
-    "lightning-fabric-2.1": (("2.1.0", "sha256:6dbeb102b5d4fecd"), ("2.6.6", "sha256:9133ab807b8a63a7")),
-    # Upstream-fixed code: a release past the newest verified one is "fixed upstream" only when identical.
-    "pl-1.9": (("1.9.5", "sha256:64cff128118197f3"),),
-    "pl-2.0": (("2.0.9", "sha256:9f9c801172a2140a"),),
-    "pl-2.1.1+": (("2.6.6", "sha256:5fc7a46a99caed8b"),),
-    "lightning-2.1.1+": (("2.6.6", "sha256:5fc7a46a99caed8b"),),
-}
+FINGERPRINTS = fingerprint_table("""
+pl-1.0.4              1.0.4=sha256:7e20882947495f3d  1.0.6=sha256:531ec17e9e44ee1b
+pl-1.0.7              1.0.8=sha256:1091ba501fc27f9c
+pl-1.1.0              1.1.3=sha256:a85b0436d8ac616e
+pl-1.1.4              1.1.8=sha256:bf07531de89760f2
+pl-1.2.0              1.2.2=sha256:b45ca96081378e9d
+pl-1.2.3              1.2.7=sha256:219d54974ee7349e
+pl-1.2.8              1.2.10=sha256:5a1a985b8d6b3495
+pl-1.3                1.3.8=sha256:268bb6f7cc0a9f29
+pl-1.4                1.4.9=sha256:268bb6f7cc0a9f29
+pl-1.5                1.5.10.post0=sha256:901aededd375c714
+pl-1.6                1.6.4=sha256:57954283a281a8cd  1.6.5.post0=sha256:eb84e582c74f60d2
+pl-1.7                1.7.7=sha256:6e820f3821fdc03c
+pl-1.8                1.8.6=sha256:d6b09a497b671e1e
+lightning-1.8         1.8.6=sha256:d6b09a497b671e1e
+lite-1.8              1.8.6=sha256:7f423218dcd724d6
+lightning-lite-1.8    1.8.6=sha256:7f423218dcd724d6
+fabric-1.9            2.0.9=sha256:7f423218dcd724d6
+lightning-fabric-1.9  2.0.0=sha256:7f423218dcd724d6
+fabric-2.1            2.1.4=sha256:6dbeb102b5d4fecd  2.6.6=sha256:9133ab807b8a63a7
+lightning-fabric-2.1  2.1.0=sha256:6dbeb102b5d4fecd  2.6.6=sha256:9133ab807b8a63a7
+# Upstream-fixed code: a release past the newest verified one is "fixed upstream" only when identical.
+pl-1.9                1.9.5=sha256:64cff128118197f3
+pl-2.0                2.0.9=sha256:9f9c801172a2140a
+pl-2.1.1+             2.6.6=sha256:5fc7a46a99caed8b
+lightning-2.1.1+      2.6.6=sha256:5fc7a46a99caed8b
+""")
 
 
 def _site(variant, package, distribution, module, qualname, releases, shape=None, fix=None, inherits=None,

@@ -36,7 +36,7 @@ package without a release of its own, and ``optimum.neuron`` is a lazy module
 that does not carry it.
 """
 from ...shape import Shape
-from ...sites import make_site
+from ...sites import fingerprint_table, make_site
 from .fixes import PARAMS, DataParallelStepFix, ExpertParallelStepFix
 
 NAME = "optimum_neuron"
@@ -74,11 +74,11 @@ EXPERT_PARALLEL = Shape(PARAMS, varkw=False, requires=_COMMON + _EXPERT_PARALLEL
 #: Code fingerprints (:mod:`tpu_closure_fix.identity`) of each row's known code, ``(release,
 #: fingerprint)``, measured by ``python scripts/fingerprints.py wheels`` from every wheel 0.1.0-0.4.5
 #: (docs/fingerprints.json): one code per row.
-FINGERPRINTS = {
-    "optimum-neuron-0.1": (("0.2.2", "sha256:cd9aef4581d4485b"),),
-    "optimum-neuron-0.3": (("0.3.0", "sha256:569735073877ce50"),),
-    "optimum-neuron-0.4": (("0.4.5", "sha256:0a45407c4da42099"),),
-}
+FINGERPRINTS = fingerprint_table("""
+optimum-neuron-0.1  0.2.2=sha256:cd9aef4581d4485b
+optimum-neuron-0.3  0.3.0=sha256:569735073877ce50
+optimum-neuron-0.4  0.4.5=sha256:0a45407c4da42099
+""")
 
 
 def _site(variant, releases, shape, fix, note=""):
