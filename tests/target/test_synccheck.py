@@ -14,7 +14,6 @@ after each step, at step 1 and every N steps.
   divergence exactly 0); no warning.
 * One device: nothing to compare, no check runs.
 """
-import os
 import subprocess
 import sys
 import warnings
