@@ -34,47 +34,15 @@ def _driver_row(record):
     return rows[-1] if rows else None
 
 
-def _guard_step(xm, torch, events):
-    """A plain loop through ``xm.optimizer_step`` with a closure: the torch_xla guard's own site."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 1)
-    x, y = torch.randn(4, 3), torch.randn(4, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    opt.register_step_post_hook(lambda *a: events.append("step"))
-
-    def closure():
-        opt.zero_grad()
-        events.append("forward")
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        events.append("backward")
-        return loss
-
-    sys.modules["torch_xla.core.xla_model"].optimizer_step(opt, optimizer_args={"closure": closure})
-
-
 def _drive(record, xm, torch):
+    """One step through the record's site by the ``check`` self-test's own driver; None for a site with
+    no code of its own."""
     from tpu_closure_fix.verify import events as recorder
-    from tpu_closure_fix.verify import table
 
     row = _driver_row(record)
     if row is None or row.inherits:
         return None
-    del recorder._EVENTS[:]
-    error = None
-    try:
-        if row.integration == "torch_xla":
-            _guard_step(xm, torch, recorder._EVENTS)
-        else:
-            module = sys.modules[record["module"]]
-            owner_name, _, attribute = record["method"].rpartition(".")
-            owner = getattr(module, owner_name) if owner_name else None
-            function = vars(owner).get(attribute) if owner is not None else getattr(module, attribute)
-            target = table.Target(row, module, owner, attribute, function)
-            table.driver_for(row).event_step(target, torch, xm, recorder._EVENTS)
-    except Exception as exc:  # noqa: BLE001 - reported: the order is then unknown
-        error = "%s: %s" % (type(exc).__name__, exc)
-    events = list(recorder._EVENTS)
+    events, error = recorder.run_event_step(row, torch, xm)
     module = sys.modules.get(record["module"])
     decorated = getattr(module, "DECORATED_CALLS", None)
     return {"site": "%s:%s" % (record["module"], record["method"]), "verdict": record["verdict"],
@@ -95,7 +63,7 @@ def main():
     from tpu_closure_fix import report
     from tpu_closure_fix.verify import events as recorder
 
-    xm = recorder._install_recording_xla_model()
+    xm = recorder.install_recording_xla_model()
     errors = report.import_installed_sites()
     if args.late:
         import tpu_closure_fix

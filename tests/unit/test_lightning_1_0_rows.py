@@ -16,6 +16,7 @@ from packaging.version import Version
 from tpu_closure_fix import engine, sites
 from tpu_closure_fix.integrations import lightning
 from tpu_closure_fix.releases import in_range
+from tpu_closure_fix.verify import driver
 
 torch = pytest.importorskip("torch", reason="the fixes step torch optimizers: this interpreter has no torch")
 
@@ -103,28 +104,10 @@ def patch(owner, attr, row, on=True):
 
 
 def model_and_closure(events):
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    x, y = torch.randn(4, 3), torch.randn(4, 1)
-    original_step = optimizer.step
-
-    def step(*args, **kwargs):
-        result = original_step(*args, **kwargs)
-        events.append("step")
-        return result
-
-    optimizer.step = step
-
-    def closure():  # pytorch-lightning 1.0-1.1's train_step_and_backward_closure: forward, zero_grad, backward
-        events.append("forward")
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        events.append("backward")
-        return loss.detach()
-
-    return model, optimizer, closure
+    """The ``check`` self-test's recording step, with pytorch-lightning 1.0-1.1's
+    ``train_step_and_backward_closure`` order (forward, zero_grad, backward)."""
+    step = driver.recording_step(torch, events, zero_grad_after_forward=True)
+    return step.model, step.optimizer, step.closure
 
 
 FIXED = ["forward", "backward", "reduce_gradients", "step", "mark_step"]

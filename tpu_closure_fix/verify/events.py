@@ -21,29 +21,11 @@ import os
 import sys
 
 from . import child as _child
+from .driver import record_each_step  # noqa: F401 - the drivers' recorder, kept importable here
 
-__all__ = ["run_event_check", "verdict", "record_each_step"]
+__all__ = ["run_event_check", "verdict", "record_each_step", "install_recording_xla_model", "run_event_step"]
 
 _EVENTS = []
-
-
-def record_each_step(optimizer, events):
-    """Append ``"step"`` to ``events`` after every ``optimizer.step(...)`` (for the drivers).
-
-    torch >= 2.0: a step post-hook. torch 1.x (the torch of the affected Lightning releases) has no
-    ``register_step_post_hook``: the instance's ``step`` is wrapped instead, called the same way."""
-    register = getattr(optimizer, "register_step_post_hook", None)
-    if register is not None:
-        register(lambda *args: events.append("step"))
-        return
-    step = optimizer.step
-
-    def step_then_record(*args, **kwargs):
-        result = step(*args, **kwargs)
-        events.append("step")
-        return result
-
-    optimizer.step = step_then_record
 
 
 def _record(name, **info):
@@ -52,7 +34,7 @@ def _record(name, **info):
     _EVENTS.append(name)
 
 
-def _install_recording_xla_model():
+def install_recording_xla_model():
     """The package's CPU simulation of torch_xla (world size 1) with an event recorder, in this child only."""
     from .. import _simulated_xla
 
@@ -81,7 +63,10 @@ def _exception_line(exc):
     return "%s: %s" % (type(exc).__name__, exc)
 
 
-def _check_site(record, row, xm, torch):
+def run_event_step(row, torch, xm):
+    """One optimizer step through the live objects ``row`` names (:func:`.table.resolve`), by its
+    integration's driver (``event_step``) with the recording stand-in ``xm``; returns ``(events, error)``.
+    ``error`` is the exception line when the step could not run (the order is then unknown), else None."""
     from . import table
 
     del _EVENTS[:]
@@ -90,8 +75,15 @@ def _check_site(record, row, xm, torch):
         table.driver_for(row).event_step(table.resolve(row), torch, xm, _EVENTS)
     except Exception as exc:  # noqa: BLE001 - reported as "could not verify", with the exception line
         error = _exception_line(exc)
+    return list(_EVENTS), error
+
+
+def _check_site(record, row, xm, torch):
+    from . import table
+
+    events, error = run_event_step(row, torch, xm)
     return {"site": table.site_id(row), "variant": row.variant, "verdict": record["verdict"],
-            "events": list(_EVENTS), "ok": error is None and verdict(_EVENTS), "error": error}
+            "events": events, "ok": error is None and verdict(events), "error": error}
 
 
 def child_main():
@@ -106,7 +98,7 @@ def child_main():
 
         chosen = table.sites_to_verify()
         payload["untested"] = table.untested(chosen)
-        xm = _install_recording_xla_model()
+        xm = install_recording_xla_model()
         payload["sites"] = [_check_site(record, row, xm, torch) for record, row in chosen
                             if table.missing_driver(row) is None]
         payload["ok"] = bool(payload["sites"]) and all(s["ok"] for s in payload["sites"])

@@ -33,23 +33,14 @@ import os
 import sys
 import threading
 import time
-from collections import namedtuple
 
 from . import child as _child
+from .driver import TracedStep  # noqa: F401 - what a driver's graph_step returns (see .driver)
 from .ir import ALL_REDUCE_HLO, ALL_REDUCE_IR, analyze_ir, short_line
 
 __all__ = ["graph_check_available", "run_graph_check", "analyze_ir", "TracedStep", "MODES", "site_ok"]
 
 MODES = ("shim", "reference", "unpatched")
-
-#: What a driver's ``graph_step`` returns.  ``params``: the parameters whose pending graph is
-#: analysed; ``optimizer``: the torch optimizer the step updates them with (its ``step`` calls are
-#: recorded); ``warmup_loss()``: a loss of the same model with no collective in it; ``run()``:
-#: performs the traced step (it sets ``harness.loss``); ``route``: how the step reaches the method;
-#: ``keep``: objects that must stay alive until the step has run, because the framework holds only
-#: weak references to them (pytorch-lightning 1.8's ``LightningModule.trainer`` is a weak proxy).
-TracedStep = namedtuple("TracedStep", "params optimizer warmup_loss run route keep")
-TracedStep.__new__.__defaults__ = ((),)
 
 
 # --------------------------------------------------------------------------------------------

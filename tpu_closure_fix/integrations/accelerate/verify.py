@@ -23,9 +23,8 @@ Entry points (the interface every integration's ``verify.py`` provides):
   ran through a row.
 """
 import types
-from functools import partial
 
-from ...verify.events import record_each_step
+from ...verify import driver
 
 
 def _is_xla_shape(row):
@@ -49,21 +48,14 @@ def accelerated_optimizer(target, optimizer):
     return accelerated
 
 
-class _RecordingXlaModel(object):
+class _RecordingXlaModel(driver.FetchingXlaModel):
     """accelerate 0.28+ reduces with ``xm.all_reduce("sum", xm._fetch_gradients(opt), ...)``, not with
     ``xm.reduce_gradients``: record a non-empty gradient all_reduce as ``reduce_gradients`` (an empty
     one reduces nothing), delegate everything else to the recording stand-in."""
 
     def __init__(self, xm, events):
-        self._xm = xm
+        super(_RecordingXlaModel, self).__init__(xm)
         self._events = events
-
-    def __getattr__(self, name):
-        return getattr(self._xm, name)
-
-    @staticmethod
-    def _fetch_gradients(optimizer):
-        return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
 
     def all_reduce(self, reduce_type, inputs, scale=1.0, groups=None, pin_layout=True):
         if isinstance(inputs, list) and inputs:
@@ -88,29 +80,12 @@ def event_step(target, torch, xm, events):
     if _is_xla_shape(target.row):
         xm = _RecordingXlaModel(xm, events)
     _bind_torch_xla(target, xm)
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 1)
-    x, y = torch.randn(4, 3), torch.randn(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    record_each_step(optimizer, events)
-    accelerated = accelerated_optimizer(target, optimizer)
-
-    def closure():
-        optimizer.zero_grad()
-        events.append("forward")
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        events.append("backward")
-        return loss
-
-    accelerated.step(closure)
+    step = driver.recording_step(torch, events)
+    accelerated_optimizer(target, step.optimizer).step(step.closure)
 
 
 def graph_step(target, harness):
     """One training step through ``target`` on the harness's XLA device (real torch_xla)."""
-    from ...verify.graph import TracedStep
-
-    torch = harness.torch
     import torch_xla.core.xla_model as xm
 
     _bind_torch_xla(target, xm)
@@ -118,50 +93,24 @@ def graph_step(target, harness):
         import torch_xla.runtime as xr
 
         target.module.xr = xr
-    net = harness.make_net(lambda: torch.nn.Linear(4, 2))
-    optimizer = torch.optim.SGD(list(net.parameters()), lr=0.1)
-    accelerated = accelerated_optimizer(target, optimizer)
-    x0, y0 = harness.batch(0)
-    x1, y1 = harness.batch(1)
-
-    def closure():
-        harness.record("training_step")
-        loss = torch.nn.functional.mse_loss(net(x1), y1)
-        harness.loss = loss
-        harness.record("zero_grad")
-        optimizer.zero_grad()
-        harness.record("backward")
-        loss.backward()
-        return loss
-
-    return TracedStep(
-        params=list(net.parameters()),
-        optimizer=optimizer,
-        warmup_loss=lambda: torch.nn.functional.mse_loss(net(x0), y0),
-        run=lambda: accelerated.step(closure),
-        route=["%s.step(closure) (%s)" % (target.owner.__name__, target.row.variant)],
-    )
+    training = driver.graph_training(harness)
+    accelerated = accelerated_optimizer(target, training.optimizer)
+    closure = driver.traced_closure(harness, training)
+    return driver.traced_step(harness, training, run=lambda: accelerated.step(closure),
+                              route=["%s.step(closure) (%s)" % (target.owner.__name__, target.row.variant)])
 
 
 def reference_fix(target):
     """Replace the row's ``step`` by the fixed order written out by hand: closure, then
     ``xm.reduce_gradients``, then the optimizer's step (and, from 0.28, the release's flag reset)."""
-    import torch_xla.core.xla_model as xm
-
     def step(self, closure=None):
         optimizer = self.optimizer
         if closure is None:
-            xm.reduce_gradients(optimizer)
+            driver.xla_reduce_gradients(optimizer)
             return optimizer.step()
-        return optimizer.step(closure=partial(_reduce_after, xm, optimizer, closure))
+        return optimizer.step(closure=driver.xla_reduced_closure(optimizer, closure))
 
     setattr(target.owner, target.attribute, step)
-
-
-def _reduce_after(xm, optimizer, closure):
-    loss = closure()
-    xm.reduce_gradients(optimizer)
-    return loss
 
 
 def matrix_scenarios(site, target):

@@ -23,11 +23,14 @@ The row's code shape decides how a step reaches the method, as in Lightning itse
 * ``lightning-optimizer`` (the code holds ``profiler_name``; pytorch-lightning 1.1): the row's
   ``LightningOptimizer`` method with a closure, its Trainer a CPU one told it is on TPU.
 
+The model, data, optimizer and closures are the shared driver's (:mod:`tpu_closure_fix.verify.driver`);
+this module builds the Lightning objects around them.
+
 Entry points (the interface every integration's ``verify.py`` provides):
 
 * :func:`event_step` (event-order self-test, recording stand-in for torch_xla);
 * :func:`graph_step` (graph check on real torch_xla): returns a
-  :class:`tpu_closure_fix.verify.graph.TracedStep` that the generic harness warms up, traces and
+  :class:`tpu_closure_fix.verify.driver.TracedStep` that the generic harness warms up, traces and
   analyses;
 * :func:`reference_fix` (graph check's harness self-test): puts the upstream fix order, written
   by hand, in place of the row's method;
@@ -39,7 +42,7 @@ import inspect
 import sys
 from functools import partial
 
-from ...verify.events import record_each_step
+from ...verify import driver
 
 ACCELERATOR, TRAINER, FABRIC = "accelerator", "trainer", "fabric"
 MODULE_HOOK, LIGHTNING_OPTIMIZER = "module-hook", "lightning-optimizer"
@@ -89,19 +92,6 @@ def _single_device_strategy(pkg, device, precision):
 # event-order self-test (recording stand-in for torch_xla)
 # ----------------------------------------------------------------------------------------------
 
-def _tiny(torch):
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 1)
-    x, y = torch.randn(4, 3), torch.randn(4, 1)
-    return model, x, y
-
-
-def _recording_sgd(torch, params, events):
-    opt = torch.optim.SGD(params, lr=0.1)
-    record_each_step(opt, events)
-    return opt
-
-
 def event_step(target, torch, xm, events):
     """Run one optimizer step through ``target`` with the recording stand-in ``xm`` in place of
     torch_xla; append ``forward``/``backward``/``step`` to ``events`` (the stand-in adds
@@ -120,98 +110,61 @@ def event_step(target, torch, xm, events):
     return _fabric_event_step(target, torch, events)
 
 
-def _recording_closure(torch, model, opt, x, y, events):
-    """A closure built like pytorch-lightning 1.0-1.4's ``train_step_and_backward_closure``: forward,
-    zero_grad, backward; returns the loss."""
-    def closure():
-        events.append("forward")
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        events.append("backward")
-        return loss.detach()
-
-    return closure
+def _loop_step(torch, events):
+    """The shared recording step with the closure pytorch-lightning 1.0-1.4's loop builds
+    (``train_step_and_backward_closure``: forward, zero_grad, backward)."""
+    return driver.recording_step(torch, events, zero_grad_after_forward=True)
 
 
 def _module_hook_event_step(target, torch, events):
     """pytorch-lightning 1.0.4-1.0.8: the TPU accelerator calls the module's ``optimizer_step`` hook with
     ``on_tpu=True`` and the loop's closure (by keyword from 1.0.5; every release accepts them so)."""
-    model, x, y = _tiny(torch)
-    opt = _recording_sgd(torch, model.parameters(), events)
+    step = _loop_step(torch, events)
     module = target.owner.__new__(target.owner)  # the TPU branch reads nothing of the module's state
-    getattr(module, target.attribute)(epoch=0, batch_idx=0, optimizer=opt, optimizer_idx=0,
-                                      optimizer_closure=_recording_closure(torch, model, opt, x, y, events),
-                                      on_tpu=True, using_native_amp=False, using_lbfgs=False)
+    getattr(module, target.attribute)(epoch=0, batch_idx=0, optimizer=step.optimizer, optimizer_idx=0,
+                                      optimizer_closure=step.closure, on_tpu=True, using_native_amp=False,
+                                      using_lbfgs=False)
+
+
+def _mse(torch, layer, batch):
+    """The event-order steps' loss: MSE of ``layer`` on an ``(x, y)`` batch."""
+    return torch.nn.functional.mse_loss(layer(batch[0]), batch[1])
 
 
 def _lightning_optimizer_event_step(target, torch, events):
     """pytorch-lightning 1.1: ``LightningOptimizer.step(closure)`` reaches the row's method; a CPU Trainer
     (told it is on TPU: test-only, in the child) holds the module whose zero_grad hooks follow the step."""
     pl = _package(target.row)
-    _, x, y = _tiny(torch)
-
-    class Tiny(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(3, 1)
-
-        def forward(self, batch):
-            return self.layer(batch)
-
-    model = Tiny()
-    opt = _recording_sgd(torch, model.parameters(), events)
+    _, x, y = driver.tiny_problem(torch)
+    model = driver.linear_lightning_module(pl, torch, (3, 1), partial(_mse, torch))()
+    opt = driver.recording_sgd(torch, model.parameters(), events)
     trainer = pl.Trainer(max_epochs=1, logger=False, checkpoint_callback=False)
     trainer.model, trainer.on_tpu = model, True
     model.trainer = trainer
     lightning_optimizer = target.owner(opt)
     lightning_optimizer._on_trainer_init(trainer)
-    getattr(lightning_optimizer, target.attribute)(closure=_recording_closure(torch, model, opt, x, y, events),
-                                                   profiler_name="optimizer_step")
+    closure = driver.recording_closure(torch, model, opt, x, y, events, zero_grad_after_forward=True)
+    getattr(lightning_optimizer, target.attribute)(closure=closure, profiler_name="optimizer_step")
 
 
 def _fabric_event_step(target, torch, events):
-    model, x, y = _tiny(torch)
-    opt = _recording_sgd(torch, model.parameters(), events)
-
-    def closure():
-        opt.zero_grad()
-        events.append("forward")
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        events.append("backward")
-        return loss
-
+    step = driver.recording_step(torch, events)
     plugin = target.owner.__new__(target.owner)  # its __init__ may probe for a TPU; the step uses no state
-    getattr(plugin, target.attribute)(opt, closure=closure)
+    getattr(plugin, target.attribute)(step.optimizer, closure=step.closure)
 
 
 def _accelerator_event_step(target, torch, events):
-    model, x, y = _tiny(torch)
-    opt = _recording_sgd(torch, model.parameters(), events)
-    closure = _recording_closure(torch, model, opt, x, y, events)
-    getattr(target.owner.__new__(target.owner), target.attribute)(opt, 0, closure)
+    step = _loop_step(torch, events)
+    getattr(target.owner.__new__(target.owner), target.attribute)(step.optimizer, 0, step.closure)
 
 
 def _trainer_event_step(target, torch, events):
     pl = _package(target.row)
-    _, x, y = _tiny(torch)
-
-    class Tiny(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(3, 1)
-
-        def training_step(self, batch, batch_idx, *args):
-            events.append("forward")
-            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-
-        def on_after_backward(self):
-            events.append("backward")
-
-        def configure_optimizers(self):
-            return _recording_sgd(torch, self.parameters(), events)
-
+    _, x, y = driver.tiny_problem(torch)
+    module_class = driver.linear_lightning_module(
+        pl, torch, (3, 1), partial(_mse, torch), on_training_step=partial(events.append, "forward"),
+        on_after_backward=partial(events.append, "backward"),
+        optimizer=lambda params: driver.recording_sgd(torch, params, events))
     # the stand-in takes torch_xla's place in this child: in the module of every class whose __init__ may ask
     # (a class kept for an old import path runs its base's __init__, in the base's module)
     for module in {target.module} | {sys.modules.get(klass.__module__) for klass in target.owner.__mro__}:
@@ -221,7 +174,7 @@ def _trainer_event_step(target, torch, events):
     loader = torch.utils.data.DataLoader([(x, y)], batch_size=None)
     trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, plugins=[plugin])
-    trainer.fit(Tiny(), train_dataloaders=loader)
+    trainer.fit(module_class(), train_dataloaders=loader)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,39 +193,21 @@ def graph_step(target, harness):
 
 
 def _fabric_graph_step(target, harness):
-    from ...verify.graph import TracedStep
-
-    torch = harness.torch
     pkg = _package(target.row)
-    net = harness.make_net(lambda: torch.nn.Linear(4, 2))
-    optimizer = torch.optim.SGD(list(net.parameters()), lr=0.1)
-    x0, y0 = harness.batch(0)
-    x1, y1 = harness.batch(1)
+    training = driver.graph_training(harness)
     strategy = _single_device_strategy(pkg, harness.device, _make_precision(target.owner))
     wrapper_cls = _optimizer_wrapper(pkg)
-    wrapped = wrapper_cls(optimizer=optimizer, strategy=strategy)
+    wrapped = wrapper_cls(optimizer=training.optimizer, strategy=strategy)
+    # backpropagate as the framework does: through the strategy where its backward takes the module
+    backward = partial(_module_backward, strategy, training.net) if _takes(strategy.backward, "module") else None
+    closure = driver.traced_closure(harness, training, backward)
+    return driver.traced_step(harness, training, run=lambda: wrapped.step(closure),
+                              route=["%s.step(closure) -> Strategy.optimizer_step -> %s.%s"
+                                     % (wrapper_cls.__name__, target.owner.__name__, target.attribute)])
 
-    def closure():
-        harness.record("training_step")
-        loss = torch.nn.functional.mse_loss(net(x1), y1)
-        harness.loss = loss
-        harness.record("zero_grad")
-        optimizer.zero_grad()
-        harness.record("backward")
-        if _takes(strategy.backward, "module"):
-            strategy.backward(loss, net)
-        else:
-            loss.backward()
-        return loss
 
-    return TracedStep(
-        params=list(net.parameters()),
-        optimizer=optimizer,
-        warmup_loss=lambda: torch.nn.functional.mse_loss(net(x0), y0),
-        run=lambda: wrapped.step(closure),
-        route=["%s.step(closure) -> Strategy.optimizer_step -> %s.%s"
-               % (wrapper_cls.__name__, target.owner.__name__, target.attribute)],
-    )
+def _module_backward(strategy, module, loss):
+    strategy.backward(loss, module)
 
 
 def _optimizer_wrapper(pkg):
@@ -311,32 +246,20 @@ def _cpu_only_accelerators(pl):
     return changed
 
 
+def _traced_loss(harness, layer, batch):
+    """The Trainer graph step's loss, kept in the harness (the analysis reads its graph)."""
+    x, y = batch
+    harness.loss = harness.torch.nn.functional.mse_loss(layer(x), y)
+    return harness.loss
+
+
 def _trainer_graph_step(target, harness):
-    from ...verify.graph import TracedStep
-
-    torch = harness.torch
     pl = _package(target.row)
-
-    class Net(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 2)
-
-        def training_step(self, batch, batch_idx):
-            harness.record("training_step")
-            x, y = batch
-            loss = torch.nn.functional.mse_loss(self.layer(x), y)
-            harness.loss = loss
-            return loss
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    model = harness.make_net(Net)
-    params = list(model.parameters())
-    optimizer = torch.optim.SGD(params, lr=0.1)
-    x0, y0 = harness.batch(0)
-    x1, y1 = harness.batch(1)
+    module_class = driver.linear_lightning_module(pl, harness.torch, (4, 2), partial(_traced_loss, harness),
+                                                  on_training_step=partial(harness.record, "training_step"))
+    model = harness.make_net(module_class)
+    training = driver.graph_training(harness, net=model)
+    optimizer = training.optimizer
     plugin = _make_precision(target.owner)
     changed = harness.once("cpu-only accelerators", lambda: _cpu_only_accelerators(pl))
     if changed:
@@ -356,7 +279,7 @@ def _trainer_graph_step(target, harness):
     Closure, ClosureResult = _closure_classes(pl)
 
     def step_fn():
-        return ClosureResult.from_training_step_output(model.training_step((x1, y1), 1), 1)
+        return ClosureResult.from_training_step_output(model.training_step(training.step_batch, 1), 1)
 
     def zero_grad_fn():
         harness.record("zero_grad")
@@ -374,28 +297,16 @@ def _trainer_graph_step(target, harness):
         run = partial(model.optimizer_step, 0, 1, lopt, 0, closure)
     else:
         run = partial(model.optimizer_step, 0, 1, lopt, closure)
-    return TracedStep(
-        params=params,
-        optimizer=optimizer,
-        warmup_loss=lambda: torch.nn.functional.mse_loss(model.layer(x0), y0),
-        run=run,
+    return driver.traced_step(
+        harness, training, run=run,
         route=["LightningModule.optimizer_step -> LightningOptimizer.step -> Strategy.optimizer_step -> %s.%s"
                % (target.owner.__name__, target.attribute)],
-        keep=(trainer,),  # the module and optimizer refer to it through weak proxies
-    )
+        keep=(trainer,))  # the module and optimizer refer to it through weak proxies
 
 
 # ----------------------------------------------------------------------------------------------
 # the upstream order, by hand (the graph check's harness self-test)
 # ----------------------------------------------------------------------------------------------
-
-def _reduce_after(optimizer, closure):
-    import torch_xla.core.xla_model as xm
-
-    closure_result = closure()
-    xm.reduce_gradients(optimizer)
-    return closure_result
-
 
 def reference_fix(target):
     """Replace the row's method by the upstream fix order written out by hand (pytorch-lightning
@@ -421,11 +332,11 @@ def _reference_trainer_step(original):
 
     if _takes(original, "optimizer_idx"):  # pytorch-lightning <= 1.9
         def optimizer_step(self, optimizer, model, optimizer_idx, closure, **kwargs):
-            wrapped = partial(_reduce_after, optimizer, closure)
+            wrapped = driver.xla_reduced_closure(optimizer, closure)
             return finish(optimizer, partial(self._wrap_closure, model, optimizer, optimizer_idx, wrapped), kwargs)
     else:
         def optimizer_step(self, optimizer, model, closure, **kwargs):
-            wrapped = partial(_reduce_after, optimizer, closure)
+            wrapped = driver.xla_reduced_closure(optimizer, closure)
             return finish(optimizer, partial(self._wrap_closure, model, optimizer, wrapped), kwargs)
     return optimizer_step
 
@@ -436,7 +347,7 @@ def _reference_fabric_step(self, optimizer, **kwargs):
     closure = kwargs.pop("closure", None)
     if closure is None:
         return xm.optimizer_step(optimizer, optimizer_args=kwargs)
-    result = optimizer.step(closure=partial(_reduce_after, optimizer, closure), **kwargs)
+    result = optimizer.step(closure=driver.xla_reduced_closure(optimizer, closure), **kwargs)
     xm.mark_step()
     return result
 

@@ -20,6 +20,8 @@ import contextlib
 import inspect
 import types
 
+from ...verify import driver
+
 
 def matrix_scenarios(site, target):
     """Names of the scenarios of a release-matrix ``target`` that ran through ``site``: every
@@ -104,20 +106,6 @@ def _data_parallel_layers():
     return types.SimpleNamespace(parallel_state=state, clip_grad_norm=None)
 
 
-class _FetchingXlaModel(object):
-    """The recording stand-in, plus ``_fetch_gradients`` (0.1-0.3 fetch the gradients through ``xm``)."""
-
-    def __init__(self, xm):
-        self._xm = xm
-
-    def __getattr__(self, name):
-        return getattr(self._xm, name)
-
-    @staticmethod
-    def _fetch_gradients(optimizer):
-        return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-
-
 def _bindings(target, xm, bucket):
     """The replacements for one step, as ``[(owner, {name: value})]``."""
     module_globals = inspect.unwrap(target.function).__globals__
@@ -126,12 +114,12 @@ def _bindings(target, xm, bucket):
     layers = _data_parallel_layers()
     if not _in_step_imports(target):  # 0.3.0
         return [(module_globals, {"bucket_allreduce_gradients": bucket, "parallel_layers": layers,
-                                  "xm": _FetchingXlaModel(xm)})]
+                                  "xm": driver.FetchingXlaModel(xm)})]
     import importlib
 
     package = importlib.import_module("neuronx_distributed")
     grads = importlib.import_module("neuronx_distributed.parallel_layers.grads")
-    return [(module_globals, {"xm": _FetchingXlaModel(xm)}), (package, {"parallel_layers": layers}),
+    return [(module_globals, {"xm": driver.FetchingXlaModel(xm)}), (package, {"parallel_layers": layers}),
             (grads, {"bucket_allreduce_gradients": bucket})]
 
 
@@ -153,22 +141,9 @@ def neuron_optimizer(target, optimizer):
 def event_step(target, torch, xm, events):
     """Run one ``step(closure)`` through ``target``; append ``forward``/``backward``/``step`` and the
     data-parallel reduction (``reduce_gradients``) to ``events``."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 1)
-    x, y = torch.randn(4, 3), torch.randn(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    optimizer.register_step_post_hook(lambda *a: events.append("step"))
-    neuron = neuron_optimizer(target, optimizer)
-
-    def closure():
-        optimizer.zero_grad()
-        events.append("forward")
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        events.append("backward")
-        return loss
-
+    step = driver.recording_step(torch, events)
+    neuron = neuron_optimizer(target, step.optimizer)
     with contextlib.ExitStack() as stack:
         for owner, values in _bindings(target, xm, _recording_bucket(events)):
             stack.enter_context(_replaced(owner, values))
-        neuron.step(closure)
+        neuron.step(step.closure)

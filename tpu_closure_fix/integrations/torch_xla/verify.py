@@ -9,7 +9,9 @@ function when the shim is off). The step is a plain PyTorch loop's: a closure th
 Entry points (the interface every integration's ``verify.py`` provides): :func:`event_step`,
 :func:`graph_step`, :func:`reference_fix`.
 """
-from ...verify.events import record_each_step
+from functools import partial
+
+from ...verify import driver
 
 
 def _step_function(target):
@@ -17,54 +19,26 @@ def _step_function(target):
     return getattr(target.module, target.attribute)
 
 
+def _closure_step(target, optimizer, closure):
+    """A plain loop's call: ``xm.optimizer_step(optimizer, optimizer_args={"closure": closure})``."""
+    return _step_function(target)(optimizer, optimizer_args={"closure": closure})
+
+
 def event_step(target, torch, xm, events):
     """One ``xm.optimizer_step(opt, optimizer_args={"closure": closure})`` with the recording stand-in;
     appends ``forward``/``backward``/``step`` (the stand-in adds ``reduce_gradients``)."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 1)
-    x, y = torch.randn(4, 3), torch.randn(4, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    record_each_step(optimizer, events)
-
-    def closure():
-        optimizer.zero_grad()
-        events.append("forward")
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        events.append("backward")
-        return loss
-
-    _step_function(target)(optimizer, optimizer_args={"closure": closure})
+    step = driver.recording_step(torch, events)
+    _closure_step(target, step.optimizer, step.closure)
 
 
 def graph_step(target, harness):
     """One plain-loop step on the harness's XLA device through ``xm.optimizer_step`` with a closure."""
-    from ...verify.graph import TracedStep
-
-    torch = harness.torch
-    net = harness.make_net(lambda: torch.nn.Linear(4, 2))
-    optimizer = torch.optim.SGD(list(net.parameters()), lr=0.1)
-    x0, y0 = harness.batch(0)
-    x1, y1 = harness.batch(1)
-
-    def closure():
-        harness.record("training_step")
-        loss = torch.nn.functional.mse_loss(net(x1), y1)
-        harness.loss = loss
-        harness.record("zero_grad")
-        optimizer.zero_grad()
-        harness.record("backward")
-        loss.backward()
-        return loss
-
-    return TracedStep(
-        params=list(net.parameters()),
-        optimizer=optimizer,
-        warmup_loss=lambda: torch.nn.functional.mse_loss(net(x0), y0),
-        run=lambda: _step_function(target)(optimizer, optimizer_args={"closure": closure}),
+    training = driver.graph_training(harness)
+    closure = driver.traced_closure(harness, training)
+    return driver.traced_step(
+        harness, training, run=partial(_closure_step, target, training.optimizer, closure),
         route=["xm.optimizer_step(optimizer, optimizer_args={'closure': closure}) -> %s.%s"
-               % (target.module.__name__, target.attribute)],
-    )
+               % (target.module.__name__, target.attribute)])
 
 
 def reference_fix(target):
@@ -79,12 +53,8 @@ def reference_fix(target):
         if closure is None:
             release_reduce(optimizer, groups=groups, pin_layout=pin_layout)
             return optimizer.step(**step_args)
-
-        def reduced_closure():
-            result = closure()
-            release_reduce(optimizer, groups=groups, pin_layout=pin_layout)
-            return result
-
+        reduced_closure = partial(driver.reduce_after, release_reduce, optimizer, closure,
+                                  groups=groups, pin_layout=pin_layout)
         return optimizer.step(closure=reduced_closure, **step_args)
 
     setattr(module, target.attribute, optimizer_step)
