@@ -127,6 +127,31 @@ def _notify_import_hooks(module):
         notify(module)
 
 
+class _StandInPackage(types.ModuleType):
+    """An empty package module that availability probes take for a package that is not installed.
+
+    Frameworks ask ``importlib.util.find_spec("torch_xla")`` at import time (Lightning's and
+    torchmetrics' import checks). For a module already in ``sys.modules`` that reads its ``__spec__``:
+    None makes it raise ValueError, which some releases do not catch (the import fails), and a real
+    spec makes them take the stand-in for torch_xla and import parts of it it does not have. Raising
+    ModuleNotFoundError, which every such probe catches, answers as when torch_xla is absent; the
+    stand-in is imported by name all the same. A spec set on it (a test double that presents itself as
+    an installed torch_xla) is answered instead.
+    """
+
+    @property
+    def __spec__(self):
+        spec = self.__dict__.get("_installed_spec")
+        if spec is None:
+            raise ModuleNotFoundError("%s is the CPU simulation's stand-in, not an installed package"
+                                      % self.__name__, name=self.__name__)
+        return spec
+
+    @__spec__.setter
+    def __spec__(self, spec):
+        self.__dict__["_installed_spec"] = spec
+
+
 def install(world_size=None, ordinal=None):
     """Make ``import torch_xla.core.xla_model`` return this module in this process; returns it.
 
@@ -138,8 +163,8 @@ def install(world_size=None, ordinal=None):
         configure(world_size, ordinal or 0)
     me = sys.modules[__name__]
     first = sys.modules.get("torch_xla.core.xla_model") is not me
-    torch_xla = sys.modules.get("torch_xla") or types.ModuleType("torch_xla")
-    core = sys.modules.get("torch_xla.core") or types.ModuleType("torch_xla.core")
+    torch_xla = sys.modules.get("torch_xla") or _StandInPackage("torch_xla")
+    core = sys.modules.get("torch_xla.core") or _StandInPackage("torch_xla.core")
     torch_xla.__path__ = []
     core.__path__ = []
     torch_xla.core = core

@@ -73,11 +73,11 @@ def _settle_availability():
 
     lightning-utilities' ``RequirementCache`` / ``ModuleAvailableCache`` (lite 1.8,
     fabric 1.9+) check ``find_spec("torch_xla")`` on first use and cache the
-    answer. Left lazy, the first use comes after the stand-in is installed, and
-    ``find_spec`` raises ``ValueError: torch_xla.__spec__ is None`` (PL 1.9.5's
-    ``Trainer.__init__`` logs ``TPUAccelerator.is_available()``). Settled here,
-    they answer what they would on this machine -- no torch_xla, no TPU -- and
-    only the call-site modules are told XLA is available (:func:`bind_standin`).
+    answer. Left lazy, the first use comes after the stand-in is installed (PL 1.9.5's
+    ``Trainer.__init__`` logs ``TPUAccelerator.is_available()``), and the answer would
+    depend on how the stand-in presents itself to ``find_spec``. Settled here, they
+    answer what they would on this machine -- no torch_xla, no TPU -- and only the
+    call-site modules are told XLA is available (:func:`bind_standin`).
     """
     for name, module in list(sys.modules.items()):
         if module is None or not name.startswith(("pytorch_lightning", "lightning")):

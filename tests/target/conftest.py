@@ -59,10 +59,10 @@ ONLY_ON = {
     # The newest Trainer, presented as 2.7.0: classes kept for old import paths judged as what they inherit.
     "test_next_release.py": ("pytorch-lightning==2.6.6",),
     # one target per call-site family: the 1.0 module hook, the 1.1 LightningOptimizer, accelerator, Trainer
-    # plugin + Lite, fixed Trainer + Fabric XLAPrecision
+    # plugin + Lite, fixed TPUPrecisionPlugin + vendored Fabric, fixed Trainer + Fabric XLAPrecision
     "test_check.py": ("pytorch-lightning==1.0.8", "pytorch-lightning==1.1.8",
                       "pytorch-lightning==1.4.9", "pytorch-lightning==1.5.10", "pytorch-lightning==1.8.6",
-                      "pytorch-lightning==2.6.6",
+                      "pytorch-lightning==1.9.5", "pytorch-lightning==2.6.6",
                       "lightning-fabric==2.6.6"),
     "test_accelerate.py": ("accelerate==0.27.2", "accelerate==0.28.0", "accelerate==1.0.1", "accelerate==1.15.0",
                            "accelerate==1.16.0"),

@@ -367,3 +367,28 @@ def test_guard_does_not_cover_a_call_that_resolves_elsewhere(xla):
     with _as_torch_xla(xla.module):
         assert guard_integration.covers(_Shapes.fabric_2_6, {"optimizer_step": xla.original}) is False
     assert guard_integration.covers(_Shapes.fabric_2_6, {"optimizer_step": xla.guarded}) is False  # no torch_xla
+
+
+def test_the_simulations_torch_xla_packages_read_as_not_installed_to_find_spec_and_import_all_the_same():
+    """Lightning and torchmetrics ask ``importlib.util.find_spec("torch_xla")`` at import. For a module already
+    in ``sys.modules`` that reads its ``__spec__``: None raises ValueError, which torchmetrics 0.11 does not
+    catch (``import pytorch_lightning`` 1.9 then fails under the event-order self-test), and a real spec makes
+    Lightning 2.x import parts of torch_xla the stand-in does not have. The stand-in's packages raise
+    ModuleNotFoundError, which every such probe catches, and still import by name."""
+    import subprocess
+
+    code = ("import importlib.util\n"
+            "from tpu_closure_fix import _simulated_xla\n"
+            "_simulated_xla.install()\n"
+            "for name in ('torch_xla', 'torch_xla.core'):\n"
+            "    try:\n"
+            "        importlib.util.find_spec(name)\n"
+            "    except ModuleNotFoundError as exc:\n"
+            "        print(name, 'not installed', exc.name)\n"
+            "import torch_xla.core.xla_model as xm\n"
+            "print(xm is _simulated_xla, importlib.util.find_spec('torch_xla.core.xla_model').name)\n")
+    env = dict(os.environ, PYTHONPATH=REPO, TPU_CLOSURE_FIX="0")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["torch_xla not installed torch_xla", "torch_xla.core not installed torch_xla.core",
+                                        "True tpu_closure_fix._simulated_xla"]
