@@ -26,19 +26,22 @@ def standin():
     return xla_standin
 
 
-def shared_driver():
-    """The ``check`` self-test's shared driver (tpu_closure_fix/verify/driver.py), loaded by path: importing
-    it through the package would run ``tpu_closure_fix/__init__`` and so enable the shim, which each
-    scenario decides itself."""
-    name = "tpu_closure_fix_verify_driver_by_path"
+def _by_path(name, *parts):
+    """A module of the package loaded by path, under ``name``: importing it through the package would run
+    ``tpu_closure_fix/__init__`` and so enable the shim, which each scenario decides itself."""
     if name not in sys.modules:
         path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                            "tpu_closure_fix", "verify", "driver.py")
+                            "tpu_closure_fix", *parts)
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def lightning_module():
+    """The Lightning driver's one-layer module builder (tpu_closure_fix/integrations/lightning/module.py)."""
+    return _by_path("tpu_closure_fix_lightning_module_by_path", "integrations", "lightning", "module.py")
 
 
 def _mean_square_output(layer, batch):
@@ -71,9 +74,9 @@ def train(steps=2, subclass=False):
     pl, module = lightning()
     xm = standin()
 
-    Model = shared_driver().linear_lightning_module(pl, torch, (2, 1), _mean_square_output,
-                                                    on_training_step=lambda: xm.record("forward"),
-                                                    on_after_backward=lambda: xm.record("backward"))
+    Model = lightning_module().linear_lightning_module(pl, torch, (2, 1), _mean_square_output,
+                                                       on_training_step=lambda: xm.record("forward"),
+                                                       on_after_backward=lambda: xm.record("backward"))
 
     class UserTrainer(pl.Trainer):
         pass

@@ -12,9 +12,7 @@ Event-order self-test (:mod:`.events`: the recording stand-in for torch_xla reco
   (:func:`record_each_step`) and a closure that records ``forward`` and ``backward``
   (:func:`recording_closure`);
 * :class:`FetchingXlaModel`: the stand-in with torch_xla's ``_fetch_gradients``, for releases that
-  fetch the gradients to reduce themselves;
-* :func:`linear_lightning_module`: a ``LightningModule`` class of one linear layer whose hooks record,
-  for the steps a Lightning Trainer runs itself.
+  fetch the gradients to reduce themselves.
 
 Graph check (:mod:`.graph`: real torch_xla, every graph cut intercepted):
 
@@ -28,15 +26,14 @@ Reference fixes (the graph check's harness self-test): :func:`reduce_after`, the
 gradient reduction, the order of the upstream fix; :func:`xla_reduced_closure`, the same with torch_xla's
 ``reduce_gradients`` looked up at call time (:func:`xla_reduce_gradients`).
 
-Only the standard library is imported at module level, nothing from this package: test code that must
-not import ``tpu_closure_fix`` (importing it enables the shim) loads this file by path; torch and
-torch_xla are passed in or imported by the functions that run them.
+Only the standard library is imported at module level: torch and torch_xla are passed in or imported by
+the functions that run them, so importing the driver costs nothing where no check runs.
 """
 from collections import namedtuple
 from functools import partial
 
 __all__ = ["TracedStep", "EventStep", "GraphTraining", "FetchingXlaModel", "record_each_step", "tiny_problem",
-           "recording_sgd", "recording_closure", "recording_step", "linear_lightning_module", "graph_training",
+           "recording_sgd", "recording_closure", "recording_step", "graph_training",
            "traced_closure", "traced_step", "reduce_after", "xla_reduce_gradients", "xla_reduced_closure"]
 
 #: What a driver's ``graph_step`` returns.  ``params``: the parameters whose pending graph is
@@ -139,41 +136,6 @@ def recording_step(torch, events, zero_grad_after_forward=False):
     optimizer = recording_sgd(torch, model.parameters(), events)
     closure = recording_closure(torch, model, optimizer, x, y, events, zero_grad_after_forward)
     return EventStep(model, optimizer, closure)
-
-
-def _nothing():
-    return None
-
-
-def linear_lightning_module(pl, torch, features, loss, on_training_step=_nothing, on_after_backward=_nothing,
-                            optimizer=None):
-    """A ``pl.LightningModule`` class whose one layer, ``layer``, is ``torch.nn.Linear(*features)``.
-
-    ``training_step`` calls ``on_training_step()`` and returns ``loss(layer, batch)``; the module's
-    ``on_after_backward`` hook calls ``on_after_backward()``; ``configure_optimizers`` returns
-    ``optimizer(parameters)`` (default: SGD, learning rate 0.1).  ``pl`` is the Lightning package the
-    caller found (the row's), so the class derives from that package's own ``LightningModule``."""
-    make_optimizer = optimizer or (lambda params: torch.optim.SGD(params, lr=0.1))
-
-    class LinearModule(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(*features)
-
-        def forward(self, batch):
-            return self.layer(batch)
-
-        def training_step(self, batch, batch_idx, *args):
-            on_training_step()
-            return loss(self.layer, batch)
-
-        def on_after_backward(self):
-            on_after_backward()
-
-        def configure_optimizers(self):
-            return make_optimizer(self.parameters())
-
-    return LinearModule
 
 
 # ----------------------------------------------------------------------------------------------

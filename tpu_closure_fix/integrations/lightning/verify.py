@@ -43,6 +43,7 @@ import sys
 from functools import partial
 
 from ...verify import driver
+from .module import linear_lightning_module
 
 ACCELERATOR, TRAINER, FABRIC = "accelerator", "trainer", "fabric"
 MODULE_HOOK, LIGHTNING_OPTIMIZER = "module-hook", "lightning-optimizer"
@@ -136,7 +137,7 @@ def _lightning_optimizer_event_step(target, torch, events):
     (told it is on TPU: test-only, in the child) holds the module whose zero_grad hooks follow the step."""
     pl = _package(target.row)
     _, x, y = driver.tiny_problem(torch)
-    model = driver.linear_lightning_module(pl, torch, (3, 1), partial(_mse, torch))()
+    model = linear_lightning_module(pl, torch, (3, 1), partial(_mse, torch))()
     opt = driver.recording_sgd(torch, model.parameters(), events)
     trainer = pl.Trainer(max_epochs=1, logger=False, checkpoint_callback=False)
     trainer.model, trainer.on_tpu = model, True
@@ -161,7 +162,7 @@ def _accelerator_event_step(target, torch, events):
 def _trainer_event_step(target, torch, events):
     pl = _package(target.row)
     _, x, y = driver.tiny_problem(torch)
-    module_class = driver.linear_lightning_module(
+    module_class = linear_lightning_module(
         pl, torch, (3, 1), partial(_mse, torch), on_training_step=partial(events.append, "forward"),
         on_after_backward=partial(events.append, "backward"),
         optimizer=lambda params: driver.recording_sgd(torch, params, events))
@@ -255,7 +256,7 @@ def _traced_loss(harness, layer, batch):
 
 def _trainer_graph_step(target, harness):
     pl = _package(target.row)
-    module_class = driver.linear_lightning_module(pl, harness.torch, (4, 2), partial(_traced_loss, harness),
+    module_class = linear_lightning_module(pl, harness.torch, (4, 2), partial(_traced_loss, harness),
                                                   on_training_step=partial(harness.record, "training_step"))
     model = harness.make_net(module_class)
     training = driver.graph_training(harness, net=model)
