@@ -72,19 +72,30 @@ def no_call(opt, **kwargs):
 """
 
 
-@pytest.fixture
-def modules(tmp_path, monkeypatch):
-    package = tmp_path / XLA / "core"
+def write_xla_package(root, name):
+    """A stand-in package ``<name>.core.xla_model`` under ``root``; returns its ``core`` folder."""
+    package = root / name / "core"
     package.mkdir(parents=True)
-    (tmp_path / XLA / "__init__.py").write_text("")
+    (root / name / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
     (package / "xla_model.py").write_text(XLA_SOURCE)
+    return package
+
+
+def forget(*prefixes):
+    """Drop every module whose name starts with one of ``prefixes`` from ``sys.modules``."""
+    for name in [n for n in sys.modules if n.startswith(prefixes)]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def modules(tmp_path, monkeypatch):
+    write_xla_package(tmp_path, XLA)
     monkeypatch.syspath_prepend(str(tmp_path))
 
     def load(patch_first):
         """Import the user's module; ``patch_first``: put the guard in place before it binds its names."""
-        for name in [n for n in sys.modules if n.startswith((XLA, USER))]:
-            del sys.modules[name]
+        forget(XLA, USER)
         (tmp_path / ("%s.py" % USER)).write_text(USER_SOURCE.format(xla=XLA))
         importlib.invalidate_caches()
         xla_model = importlib.import_module(XLA + ".core.xla_model")
@@ -99,8 +110,7 @@ def modules(tmp_path, monkeypatch):
         return user, guard
 
     yield load
-    for name in [n for n in sys.modules if n.startswith((XLA, USER))]:
-        del sys.modules[name]
+    forget(XLA, USER)
 
 
 # name -> covered when the shim patched after the module bound its names (enabled late), and before.

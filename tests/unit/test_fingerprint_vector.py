@@ -228,3 +228,15 @@ def test_a_slot_differs_when_any_field_differs():
     assert fingerprint.slots_differing(decoded, "a").tolist() == [True, False, False]
     decoded["compared"] = t([False, True, True])  # a slot no replica holds never differs
     assert fingerprint.slots_differing(decoded, "a", "b").tolist() == [False, True, False]
+
+
+@pytest.mark.parametrize("position, offset", [(0, 0), (3, 0), (7, 1000), (123456, (1 << 31) + 5)])
+def test_keyed_contributions_of_position_keys_are_the_hash_s_contributions(position, offset):
+    """benchmarks/synccheck_collisions.py studies the hash one word at a time through ``position_keys`` and
+    ``keyed_contributions``: word for word they give what ``contributions`` gives (offsets past 2**31
+    included, where the keys wrap into negative int32)."""
+    gen = torch.Generator().manual_seed(position)
+    chunk = torch.randint(-(1 << 31), 1 << 31, (64,), dtype=torch.int64, generator=gen).to(torch.int32)
+    keys = fingerprint.position_keys(torch.arange(offset, offset + 64, dtype=torch.int64), position)
+    assert keys.dtype == torch.int32
+    assert torch.equal(fingerprint.keyed_contributions(chunk, keys), fingerprint.contributions(chunk, offset, position))

@@ -17,6 +17,8 @@ from tpu_closure_fix.config import TPUClosureFixWarning  # noqa: E402
 from tpu_closure_fix.synccheck import (ReplicaDivergenceError, callback, check_sync, comm, compare,  # noqa: E402
                                        compare_replicas, fingerprint, report)
 
+from support.thread_ranks import ThreadChannel, ThreadWorld, fit, run_threads  # noqa: E402
+
 
 # --------------------------------------------------------------------------- the channel of this process
 def _dist(size, available=True, initialized=True):
@@ -67,7 +69,7 @@ def test_one_process_compares_nothing(monkeypatch):
         assert check_sync(net, 0) is None and check_sync(net, 1) is None and check_sync(net, 100) is None
         assert compare_replicas(net, 3) is None
         cb = _Probe(every=1)
-        _fit(cb, net, 3)
+        fit(cb, 3, net)
     assert made == [] and cb.reports == [] and cb.last_report is None
     assert not [w for w in seen if w.category is TPUClosureFixWarning]
 
@@ -90,47 +92,10 @@ def test_one_process_with_a_process_group_of_one_compares_nothing(tmp_path, monk
 
 
 # --------------------------------------------------------------------------- two replicas as threads
-class _World(object):
-    def __init__(self, size):
-        self.size = size
-        self.barrier = threading.Barrier(size, timeout=30)
-        self.values = [None] * size
-
-    def exchange(self, rank, value):
-        self.values[rank] = value
-        self.barrier.wait()
-        out = list(self.values)
-        self.barrier.wait()
-        return out
-
-
-class _Channel(object):
-    kind = "threads"
-    timeout = 5
-
-    def __init__(self, world, rank):
-        self.world, self.rank, self.size = world, rank, world.size
-
-    def device(self, tensors):
-        return torch.device("cpu")
-
-    def agree(self, key):
-        return True
-
-    def forget(self, key):
-        pass
-
-    def all_reduce_max(self, vector):
-        return torch.stack(self.world.exchange(self.rank, vector.detach().clone())).max(dim=0).values
-
-    def all_gather(self, vector):
-        return self.world.exchange(self.rank, vector.detach().clone())
-
-
 def _on_threads(monkeypatch, size, body):
     """``body(rank)`` on ``size`` threads, ``comm.channel()`` answering each with its own channel; returns
     (results by rank, TPUClosureFixWarning texts by rank)."""
-    world = _World(size)
+    world = ThreadWorld(size)
     local = threading.local()
     monkeypatch.setattr(comm, "channel", lambda timeout=None: getattr(local, "channel", None))
     out, said, errors = [None] * size, [[] for _ in range(size)], []
@@ -138,7 +103,7 @@ def _on_threads(monkeypatch, size, body):
         message) if speak else None)
 
     def main(rank):
-        local.channel = _Channel(world, rank)
+        local.channel = ThreadChannel(world, rank)
         try:
             out[rank] = body(rank)
         except Exception as exc:
@@ -147,9 +112,7 @@ def _on_threads(monkeypatch, size, body):
                 errors.append((rank, exc))
                 world.barrier.abort()
 
-    threads = [threading.Thread(target=main, args=(r,)) for r in range(size)]
-    [t.start() for t in threads]
-    [t.join(60) for t in threads]
+    run_threads(size, main)
     assert not errors, errors
     return out, said
 
@@ -259,32 +222,21 @@ class _Probe(callback.SyncCheck):
     """The callback's own logic without Lightning's base classes."""
 
 
-def _fit(cb, module, steps):
-    trainer = types.SimpleNamespace(global_step=0, loggers=[])
-    cb.on_fit_start(trainer, module)
-    cb.on_train_start(trainer, module)
-    for step in range(1, steps + 1):
-        trainer.global_step = step
-        cb.on_train_batch_end(trainer, module)
-    cb.on_train_end(trainer, module)
-    return cb
-
-
 def test_the_callback_compares_the_replicas_for_real(monkeypatch):
-    out, said = _on_threads(monkeypatch, 2, lambda rank: _fit(_Probe(every=2), _net(0), 3).reports)
+    out, said = _on_threads(monkeypatch, 2, lambda rank: fit(_Probe(every=2), 3, _net(0)).reports)
     assert [[r.outcome for r in reports] for reports in out] == [["identical"] * 4] * 2
     assert [r.step for r in out[0]] == [0, 1, 2, 3] and out[0][0].first_check and not out[0][1].first_check
     assert said == [[], []]
 
 
 def test_the_callback_on_replicas_that_started_different(monkeypatch):
-    out, said = _on_threads(monkeypatch, 2, lambda rank: _fit(_Probe(every=5), _net(rank), 1).reports)
+    out, said = _on_threads(monkeypatch, 2, lambda rank: fit(_Probe(every=5), 1, _net(rank)).reports)
     assert [r.outcome for r in out[0]] == ["differ", "differ"]
     assert len(said[0]) == 2 and said[1] == []
 
 
 def test_the_callback_raise_option_raises_at_the_first_check(monkeypatch):
-    out, _ = _on_threads(monkeypatch, 2, lambda rank: _fit(_Probe(on_divergence="raise"), _net(rank), 1))
+    out, _ = _on_threads(monkeypatch, 2, lambda rank: fit(_Probe(on_divergence="raise"), 1, _net(rank)))
     assert all(isinstance(r, ReplicaDivergenceError) and r.report.step == 0 for r in out)
 
 

@@ -1,8 +1,8 @@
 """SyncCheck's verdict rules, one by one, in one process: N ranks as threads exchanging through memory.
 
 ``compare.run`` and ``compare.decide`` run exactly as on a pod; only the channel is an in-memory one
-(:class:`ThreadChannel`: its all-reduce is the element-wise MAX of the ranks' vectors, its all-gather
-their list), so every numbered rule of ``decide`` -- and the history, the layout of replica groups and
+(``support.thread_ranks.ThreadChannel``: its all-reduce is the element-wise MAX of the ranks' vectors,
+its all-gather their list), so every numbered rule of ``decide`` -- and the history, the layout of replica groups and
 who speaks -- is asserted in milliseconds, each with the neighbouring case that must not trigger it.
 The same rules over real gloo processes: tests/unit/test_synccheck_replicas.py and test_synccheck_pod.py.
 """
@@ -19,48 +19,12 @@ torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: n
 from tpu_closure_fix.config import TPUClosureFixWarning  # noqa: E402
 from tpu_closure_fix.synccheck import comm, compare, fingerprint, groups, report  # noqa: E402
 
+from support.thread_ranks import ThreadChannel, ThreadWorld, fit, run_threads  # noqa: E402
+
 #: The zero-code hook is torch's global optimizer step hook, which torch 2.0 introduced.
 needs_step_hooks = pytest.mark.skipif(
     not hasattr(importlib.import_module("torch.optim.optimizer"), "register_optimizer_step_post_hook"),
     reason="the zero-code SyncCheck needs torch >= 2.0 (its global step hooks); torch %s here" % torch.__version__)
-
-
-class ThreadWorld(object):
-    def __init__(self, size):
-        self.size = size
-        self.barrier = threading.Barrier(size, timeout=30)
-        self.values = [None] * size
-
-    def exchange(self, rank, value):
-        self.values[rank] = value
-        self.barrier.wait()
-        out = list(self.values)
-        self.barrier.wait()
-        return out
-
-
-class ThreadChannel(object):
-    kind = "threads"
-
-    def __init__(self, world, rank, agree=True):
-        self.world, self.rank, self.size, self._agree = world, rank, world.size, agree
-        self.gathers = 0
-
-    def device(self, tensors):
-        return torch.device("cpu")
-
-    def agree(self, key):
-        return self._agree
-
-    def forget(self, key):
-        pass
-
-    def all_reduce_max(self, vector):
-        return torch.stack(self.world.exchange(self.rank, vector.detach().clone())).max(dim=0).values
-
-    def all_gather(self, vector):
-        self.gathers += 1
-        return self.world.exchange(self.rank, vector.detach().clone())
 
 
 def on_ranks(size, build, steps=None, streams=None):
@@ -79,11 +43,7 @@ def on_ranks(size, build, steps=None, streams=None):
             errors.append((rank, exc))
             world.barrier.abort()
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_threads(size, rank_main)
     assert not errors, errors
     return out, channels
 
@@ -110,9 +70,7 @@ def test_rule_1_another_format_is_unverified(monkeypatch):
     def rank_main(rank):
         out[rank] = compare.run(model(), 1, compare.Stream("t"), channel=ThreadChannel(world, rank))
 
-    threads = [threading.Thread(target=rank_main, args=(r,), name="rank-%d" % r) for r in range(2)]
-    [t.start() for t in threads]
-    [t.join(30) for t in threads]
+    run_threads(2, rank_main)
     assert [r.outcome for r in out] == ["unverified"] * 2
     assert out[0].reason == "the replicas run different SyncCheck formats"
 
@@ -475,20 +433,10 @@ class _Logger(object):
         self.logged.append((step, dict(metrics)))
 
 
-def _fit(cb, steps, logger=None):
-    trainer = types.SimpleNamespace(global_step=0, loggers=[logger] if logger else [])
-    cb.on_fit_start(trainer, None)
-    cb.on_train_start(trainer, None)
-    for step in range(1, steps + 1):
-        trainer.global_step = step
-        cb.on_train_batch_end(trainer, None)
-    cb.on_train_end(trainer, None)
-
-
 def test_the_callback_checks_at_the_start_after_step_1_every_n_and_at_the_end(monkeypatch):
     cb, checks = _callback(monkeypatch, every=3)
     logger = _Logger()
-    _fit(cb, 7, logger)
+    fit(cb, 7, loggers=[logger])
     assert [step for _, step, _ in checks] == [0, 1, 3, 6, 7]
     assert len(cb.reports) == 5 and cb.last_report.step == 7
     assert logger.logged[0] == (0, {"sync_check/diverged": 0.0, "sync_check/differing_tensors": 0.0,
@@ -497,8 +445,8 @@ def test_the_callback_checks_at_the_start_after_step_1_every_n_and_at_the_end(mo
 
 def test_a_callback_reused_for_a_second_fit_starts_afresh(monkeypatch):
     cb, checks = _callback(monkeypatch, every=3)
-    _fit(cb, 4)
-    _fit(cb, 4)
+    fit(cb, 4)
+    fit(cb, 4)
     first, second = checks[:4], checks[4:]
     assert [s for _, s, _ in first] == [s for _, s, _ in second] == [0, 1, 3, 4]
     assert first[0][2] == 0 and second[0][2] == 0  # a fresh history: the second fit's first check is first
@@ -518,7 +466,7 @@ def test_a_callback_whose_peer_is_gone_stands_down_once(monkeypatch):
     monkeypatch.setattr(callback, "run", gone)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        _fit(cb, 3)
+        fit(cb, 3)
     assert checks == [0] and [r.outcome for r in cb.reports] == ["unverified"]
     assert len([w for w in seen if "did not complete" in str(w.message)]) == 1
 

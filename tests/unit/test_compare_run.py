@@ -1,0 +1,345 @@
+"""synccheck.compare around the verdict: a stream's history, what one check asks of its channel (the
+agreement's name, the keys it forgets, the vector it reduces), the report's fields, compare_replicas and
+the options.
+
+The channel is a mirror (:class:`Mirror`): it claims a world of two whose other replica holds exactly
+what this one holds, so a check runs in this thread, with no exchange to wait for. The verdict rules
+themselves, over replicas that differ: test_synccheck_rules.py.
+"""
+import itertools
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
+
+from tpu_closure_fix.synccheck import comm, compare, fingerprint, report  # noqa: E402
+
+from test_synccheck_rules import on_ranks  # noqa: E402  (replicas as threads)
+
+_keys = itertools.count()
+
+
+def _key():
+    """A stream key no other test uses (the last check of each key is remembered module-wide)."""
+    return "mirror-%d" % next(_keys)
+
+
+class Mirror(object):
+    """A channel of rank 0 in a world of two whose other replica mirrors this one (``timeout`` None: a
+    channel that has no ``timeout`` attribute)."""
+    kind = "mirror"
+
+    def __init__(self, agree=True, timeout=7):
+        self.rank, self.size, self._agree = 0, 2, agree
+        if timeout is not None:
+            self.timeout = timeout
+        self.agreed, self.forgotten, self.reduced = [], [], []
+
+    def device(self, tensors):
+        return torch.device("cpu")
+
+    def agree(self, key):
+        self.agreed.append(key)
+        return self._agree
+
+    def forget(self, key):
+        self.forgotten.append(key)
+
+    def all_reduce_max(self, vector):
+        self.reduced.append(vector.clone())
+        return vector.clone()
+
+    def all_gather(self, vector):
+        return [vector.clone(), vector.clone()]
+
+
+def _model():
+    return [("w", torch.ones(3)), ("b", torch.zeros(2))]
+
+
+# --------------------------------------------------------------------------- a stream's history
+def _report(step, outcome):
+    return report.SyncReport(step, 2, "mirror", ["w"], outcome=outcome,
+                             differing=[0] if outcome == "differ" else ())
+
+
+def test_a_stream_reads_each_report_against_what_it_saw_before():
+    stream = compare.Stream("history")
+    seen = []
+    for step, outcome in [(0, "identical"), (3, "differ"), (5, "differ"), (6, "unverified"), (7, "identical"),
+                          (9, "structure")]:
+        r = _report(step, outcome)
+        stream.record(r)
+        seen.append((r.step, r.first_check, r.identical_at, r.different_since))
+    assert seen == [(0, True, None, None), (3, False, 0, 3), (5, False, 0, 3), (6, False, 0, None),
+                    (7, False, 0, None), (9, False, 7, 9)]
+    assert (stream.checks, stream.identical_at, stream.different_since) == (6, 7, 9)
+
+
+# --------------------------------------------------------------------------- one check and its channel
+def test_each_check_is_named_by_its_stream_and_count_and_forgets_the_one_before():
+    key, channel = _key(), Mirror()
+    stream = compare.Stream(key)
+    first = compare.run(_model(), 4, stream, channel=channel)
+    second = compare.run(_model(), 5, stream, channel=channel)
+    assert channel.agreed == ["%s/0" % key, "%s/1" % key]
+    assert channel.forgotten == [None, "%s/0" % key]
+    assert [r.outcome for r in (first, second)] == ["identical", "identical"]
+    assert (first.first_check, second.first_check, second.identical_at, stream.checks) == (True, False, 4, 2)
+
+
+def test_a_check_named_by_its_caller():
+    channel = Mirror()
+    compare.run(_model(), 1, compare.Stream(_key()), barrier="given/3", channel=channel)
+    assert channel.agreed == ["given/3"]
+
+
+def test_the_report_carries_the_check_s_step_world_and_tolerance():
+    r = compare.run(_model(), 12, compare.Stream(_key()), tolerance=0.5, channel=Mirror())
+    assert (r.step, r.world_size, r.backend, r.tolerance, r.names) == (12, 2, "mirror", 0.5, ["w", "b"])
+    assert r.outcome == "identical" and r.not_compared == []
+
+
+def test_the_reduced_vector_is_this_replica_s_fingerprint():
+    channel = Mirror()
+    compare.run(_model(), 3, compare.Stream(_key()), channel=channel)
+    (vector,) = channel.reduced
+    decoded = fingerprint.decode(vector)
+    assert decoded["step"] == (3, 3) and decoded["count"] == (2, 2) and decoded["failed"][0] == 0
+
+
+def test_a_stream_without_history_records_nothing():
+    stream = compare.Stream(_key())
+    stream.checks = -1
+    r = compare.run(_model(), 1, stream, channel=Mirror())
+    assert stream.checks == -1 and not r.first_check
+
+
+def test_no_channel_means_no_check(monkeypatch):
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: None)
+    assert compare.run(_model(), 1, compare.Stream(_key())) is None
+    assert compare.compare_replicas(_model(), 1) is None
+
+
+@pytest.mark.parametrize("timeout, said", [(7, "7"), (None, "?")])
+def test_a_check_not_agreed_to_stands_down_naming_the_check_and_the_wait(timeout, said):
+    key = _key()
+    with pytest.raises(comm.StoodDown) as info:
+        compare.run(_model(), 1, compare.Stream(key), channel=Mirror(agree=False, timeout=timeout))
+    assert str(info.value) == ("not every rank reached this check (%s/0) within %ss: an optimizer stepped on some "
+                               "ranks only, ranks out of step, or a rank gone" % (key, said))
+
+
+def test_the_vector_carries_the_number_of_replica_groups(monkeypatch):
+    """Neuron data-parallel groups [[0, 2], [1, 3]]: a tensor-parallel weight is laid out over two lanes."""
+    import sys
+    import types
+
+    from tpu_closure_fix.synccheck import groups
+
+    state = types.ModuleType(groups.NEURON_STATE)
+    state.model_parallel_is_initialized = lambda: True
+    state.get_data_parallel_replica_groups = lambda: [[0, 2], [1, 3]]
+    monkeypatch.setitem(sys.modules, groups.NEURON_STATE, state)
+    channel = Mirror()
+    compare.run([("mlp.dense.weight", torch.ones(2, 3))], 1, compare.Stream(_key()), channel=channel)
+    assert fingerprint.decode(channel.reduced[0])["lanes"] == (2, 2)
+
+
+def test_a_replica_that_cannot_fingerprint_says_its_error(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no memory")
+
+    monkeypatch.setattr(fingerprint, "local_vector", broken)
+    r = compare.run(_model(), 1, compare.Stream(_key()), channel=Mirror())
+    assert (r.outcome, r.reason, r.local_error) == ("unverified", "RuntimeError: no memory", True)
+
+
+def test_a_replica_that_cannot_list_says_why_without_the_exception_s_name():
+    r = compare.run([torch.ones(1), 3], 1, compare.Stream(_key()), channel=Mirror())
+    assert (r.outcome, r.reason, r.local_error) == ("unverified", "list holds 'int', not a tensor, under 'param1'",
+                                                    True)
+
+
+# --------------------------------------------------------------------------- compare_replicas
+def test_compare_replicas_names_each_call_in_turn(monkeypatch):
+    channel = Mirror()
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: channel)
+    monkeypatch.setattr(compare, "_api_checks", [41])
+    model = torch.nn.Linear(2, 1)
+    first = compare.compare_replicas(model, 3, tolerance=0.25)
+    second = compare.compare_replicas(model, 4)
+    assert channel.agreed == ["api/42", "api/43"]
+    assert (first.step, first.tolerance, first.outcome, first.first_check) == (3, 0.25, "identical", True)
+    assert (second.tolerance, second.first_check, second.identical_at) == (compare.DEFAULT_TOLERANCE, False, 3)
+
+
+def test_compare_replicas_that_cannot_complete_is_unverified(monkeypatch):
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: Mirror(agree=False))
+    r = compare.compare_replicas(_model(), 8, tolerance=0.125)
+    assert (r.outcome, r.step, r.world_size, r.backend, r.tolerance, r.names) == (
+        "unverified", 8, 2, "mirror", 0.125, [])
+    assert "not every rank reached this check" in r.reason
+
+
+# --------------------------------------------------------------------------- options
+@pytest.mark.parametrize("kwargs, message", [
+    ({"every": 0}, "every must be a positive int (optimizer steps); got 0"),
+    ({"every": False}, "every must be a positive int (optimizer steps); got False"),
+    ({"every": "5"}, "every must be a positive int (optimizer steps); got '5'"),
+    ({"tolerance": -1e-9}, "tolerance must be >= 0; got -1e-09"),
+    ({"tolerance": math.nan}, "tolerance must be >= 0; got nan"),
+    ({"on_divergence": "stop"}, "on_divergence must be 'warn', 'raise' or a callable(report); got 'stop'"),
+])
+def test_bad_options_say_what_is_wanted(kwargs, message):
+    options = dict({"every": 1, "tolerance": 0.0, "on_divergence": "warn"}, **kwargs)
+    with pytest.raises(ValueError) as info:
+        compare.check_options(**options)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("every, tolerance, on_divergence", [(1, 0.0, "warn"), (100, 1e-6, "raise"),
+                                                             (3, 0, print)])
+def test_good_options_pass(every, tolerance, on_divergence):
+    assert compare.check_options(every, tolerance, on_divergence) is None
+
+
+def test_defaults():
+    assert (compare.DEFAULT_EVERY, compare.DEFAULT_TOLERANCE, compare.ON_DIVERGENCE) == (100, 1e-6, ("warn", "raise"))
+
+
+# --------------------------------------------------------------------------- replicas as threads: what is named
+def test_ranks_out_of_step_are_listed_by_their_first_rank_with_exact_steps():
+    """Steps past 16 bits travel as two halves; ``None`` (compare_replicas' default) is step 0."""
+    reports, _ = on_ranks(2, lambda r: _model(), steps=[7, 5])
+    assert reports[0].reason == "rank 0 at step 7; rank 1 at step 5"
+    reports, _ = on_ranks(2, lambda r: _model(), steps=[70000, 70001])
+    assert reports[0].reason == "rank 0 at step 70000; rank 1 at step 70001"
+    reports, _ = on_ranks(2, lambda r: _model(), steps=[None, 5])
+    assert reports[1].reason == "rank 0 at step 0; rank 1 at step 5"
+
+
+@pytest.mark.parametrize("here, there, spread, divergence", [
+    ([0.1, 0.1], [0.1, 0.3], 0.2, 0.2 / 0.4),  # relative to the largest sum of |values| (0.4 < 1)
+    ([3.0, 1.0], [3.0, 2.0], 1.0, 1.0 / 5.0),
+    ([0.0, 0.0], [-0.0, 0.0], 0.0, 0.0),  # bits differ, values do not: no scale to divide by
+])
+def test_a_difference_is_measured_by_its_spread_relative_to_its_scale(here, there, spread, divergence):
+    def build(rank):
+        return [("same", torch.ones(2)), ("w", torch.tensor(there if rank else here)), ("also", torch.zeros(3))]
+
+    reports, _ = on_ranks(2, build)
+    r = reports[0]
+    assert r.outcome == "differ" and r.differing == [1]
+    assert r.spread[1] == pytest.approx(spread, rel=1e-6) and r.divergence[1] == pytest.approx(divergence, rel=1e-6)
+    assert (r.spread[0], r.divergence[0], r.spread[2], r.divergence[2]) == (0.0, 0.0, 0.0, 0.0)
+
+
+def test_check_sync_reports_its_step_and_tolerance(monkeypatch):
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: Mirror())
+    r = compare.check_sync(_model(), 6, every=3, tolerance=0.75)
+    assert (r.step, r.tolerance, r.outcome) == (6, 0.75, "identical")
+
+
+def test_each_object_has_its_own_history_while_it_lives(monkeypatch):
+    import gc
+
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: Mirror())
+    first, second = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    assert compare.compare_replicas(first, 1).first_check
+    assert compare.compare_replicas(second, 1).first_check  # not the history of ``first``
+    assert not compare.compare_replicas(first, 2).first_check
+    key = id(first)
+    assert key in compare._streams
+    del first
+    gc.collect()
+    assert key not in compare._streams  # forgotten with the object: a later object with its id starts afresh
+
+
+def test_versions_are_listed_largest_group_first():
+    reports, _ = on_ranks(3, lambda r: [("w", torch.tensor([1.0 if r else 2.0]))])
+    assert reports[0].versions == [[1, 2], [0]]
+
+
+def test_a_different_number_of_tensors_is_said_with_both_counts_and_this_replica_s():
+    reports, _ = on_ranks(2, lambda r: _model() + [("extra", torch.ones(1))] * r)
+    assert [r.structure for r in reports] == [
+        "the number of parameter tensors differs (2 on some replicas, 3 on others; %d here)" % n for n in (2, 3)]
+
+
+def test_replicas_that_lay_out_different_replica_groups_differ_in_structure():
+    """One replica sees one group (the whole world), another two: the MAX-reduced vector shows both counts."""
+    from tpu_closure_fix.synccheck import groups
+
+    layout = groups.Layout(_model(), 0)
+
+    def vector(lanes):
+        return fingerprint.local_vector(layout.entries, layout.structures, torch.device("cpu"), step=1, lanes=lanes)
+
+    r = _decided(vector(1), vector(2), layout)
+    assert (r.outcome, r.structure) == ("structure", "the replica groups differ (1 lanes on some replicas, 2 on others)")
+    bigger = groups.Layout(_model() + [("extra", torch.ones(1))], 0)
+    theirs = fingerprint.local_vector(bigger.entries, bigger.structures, torch.device("cpu"), step=1, lanes=2)
+    assert _decided(vector(1), theirs, layout).structure == (
+        "the number of parameter tensors differs (2 on some replicas, 3 on others; 2 here); "
+        "the replica groups differ (1 lanes on some replicas, 2 on others)")
+
+
+@pytest.mark.parametrize("size, half", [(42303, "low"), (33285, "high")])
+def test_a_shape_difference_seen_in_one_half_of_its_hash_only_is_named(size, half):
+    """Shapes (3,) and (``size``,) at position 0 hash alike in one 16-bit half: the other half names it."""
+    before, after = fingerprint.shape_hash(0, (3,)), fingerprint.shape_hash(0, (size,))
+    differs = (before & 0xFFFF != after & 0xFFFF) if half == "low" else (before >> 16 != after >> 16)
+    assert differs and ((before >> 16 == after >> 16) if half == "low" else (before & 0xFFFF == after & 0xFFFF))
+    reports, _ = on_ranks(2, lambda r: [("w", torch.zeros(size if r else 3))])
+    assert reports[0].structure == ("parameter tensor #0 'w' has another shape on some replica "
+                                    "(here: shape (3,), float32)")
+
+
+def test_shape_and_dtype_both_named():
+    reports, _ = on_ranks(2, lambda r: [("w", torch.zeros(4, dtype=torch.float64) if r else torch.zeros(3))])
+    assert reports[0].structure == ("parameter tensor #0 'w' has another shape and dtype on some replica "
+                                    "(here: shape (3,), float32)")
+
+
+def _decided(mine, theirs, layout):
+    """compare.decide of the MAX of two replicas' vectors, read by the replica with ``layout``."""
+    return compare.decide(fingerprint.decode(torch.maximum(mine, theirs)), layout, None, Mirror(), 1, 0.0)
+
+
+def test_a_replica_holding_no_tensor_of_the_differing_slot_names_what_differs_only():
+    from tpu_closure_fix.synccheck import groups
+
+    here, there = groups.Layout([("w", torch.zeros(3))], 0), groups.Layout([("w", torch.zeros(4))], 0)
+    theirs = fingerprint.local_vector(there.entries, there.structures, torch.device("cpu"), step=1)
+    mine = fingerprint.local_vector(here.entries, here.structures, torch.device("cpu"), step=1)
+    here.entries = []  # this replica holds none of the slot's tensors (another replica group's lane)
+    assert _decided(mine, theirs, here).structure == "a parameter tensor differs in shape between replicas"
+
+
+def test_the_same_tensors_described_in_another_order_differ_in_structure():
+    """Every slot agrees; only the digest of the ordered shapes and dtypes differs."""
+    from tpu_closure_fix.synccheck import groups
+
+    layout = groups.Layout(_model(), 0)
+    vectors = [fingerprint.local_vector(layout.entries, structures, torch.device("cpu"), step=1)
+               for structures in (layout.structures, tuple(reversed(layout.structures)))]
+    r = _decided(vectors[0], vectors[1], layout)
+    assert (r.outcome, r.structure) == ("structure", "the order of shapes/dtypes of the parameter tensors differs")
+
+
+def test_a_dtype_difference_seen_in_the_high_half_of_its_hash_only_is_named():
+    """At position 697 float32's and bool's 32-bit hashes share their low 16 bits: the high half shows it."""
+    position, here, there = 697, torch.float32, torch.bool
+    a, b = fingerprint.dtype_hash(position, "float32"), fingerprint.dtype_hash(position, "bool")
+    assert a >> 16 != b >> 16 and a & 0xFFFF == b & 0xFFFF
+
+    def build(rank):
+        named = [("t%d" % i, torch.zeros(1)) for i in range(position + 1)]
+        named[position] = ("t%d" % position, torch.zeros(1, dtype=there if rank else here))
+        return named
+
+    reports, _ = on_ranks(2, build)
+    assert reports[0].structure == ("parameter tensor #697 't697' has another dtype on some replica "
+                                    "(here: shape (1,), float32)")
