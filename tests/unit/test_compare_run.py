@@ -8,6 +8,7 @@ themselves, over replicas that differ: test_synccheck_rules.py.
 """
 import itertools
 import math
+import types
 
 import pytest
 
@@ -343,3 +344,24 @@ def test_a_dtype_difference_seen_in_the_high_half_of_its_hash_only_is_named():
     reports, _ = on_ranks(2, build)
     assert reports[0].structure == ("parameter tensor #697 't697' has another dtype on some replica "
                                     "(here: shape (1,), float32)")
+
+
+def test_a_structure_difference_in_a_shared_slot_names_every_candidate_not_the_first_one():
+    """With more tensors than slots, #108 and #1132 are compared together: when #1132's shape differs, the
+    report cannot single one out, and says so, naming both."""
+    position = fingerprint.SLOTS + 108
+
+    def build(rank):
+        named = [("t%d" % i, torch.zeros(1)) for i in range(position + 1)]
+        named[position] = ("t%d" % position, torch.zeros(2 if rank else 1))
+        return named
+
+    reports, _ = on_ranks(2, build)
+    assert reports[0].structure == ("one of the 2 parameter tensors compared together (#108 't108', #1132 't1132') "
+                                    "has another shape on some replica")
+
+
+def test_some_names_lists_three_then_counts_the_rest():
+    layout = types.SimpleNamespace(names=["a", "b", "c", "d", "e"])
+    assert compare._some_names(layout, [0, 1]) == "#0 'a', #1 'b'"
+    assert compare._some_names(layout, [0, 1, 2, 3, 4]) == "#0 'a', #1 'b', #2 'c', and 2 more"

@@ -195,18 +195,27 @@ def _structure_mismatch(decoded, layout):
     if bad and layout is not None and not parts:
         s = bad[0]
         what = " and ".join(w for w, mask in (("shape", shape), ("dtype", dtype)) if bool(mask[s]))
-        mine = [k for k, slot, t in layout.entries if slot == s]
-        if mine:
-            k = mine[0]
-            held = dict((p, t) for p, _, t in layout.entries)
-            here_shape, here_dtype = fingerprint.describe(held[k])
+        mine = [(k, t) for k, slot, t in layout.entries if slot == s]
+        if len(mine) == 1:
+            k, t = mine[0]
+            here_shape, here_dtype = fingerprint.describe(t)
             parts.append("parameter tensor #%d %r has another %s on some replica (here: shape %s, %s)"
                          % (k, layout.names[k], what, here_shape, here_dtype))
+        elif mine:
+            # More tensors than slots: the slot's sums cannot say which of its tensors differs.
+            parts.append("one of the %d parameter tensors compared together (%s) has another %s on some replica"
+                         % (len(mine), _some_names(layout, [k for k, _ in mine]), what))
         else:
             parts.append("a parameter tensor differs in %s between replicas" % what)
     if not parts and decoded["digest"][0] != decoded["digest"][1]:
         parts.append("the order of shapes/dtypes of the parameter tensors differs")
     return "; ".join(parts) or None
+
+
+def _some_names(layout, positions, shown=3):
+    """``#k 'name'`` of the first ``shown`` positions, then how many more."""
+    named = ", ".join("#%d %r" % (k, layout.names[k]) for k in positions[:shown])
+    return named + (", and %d more" % (len(positions) - shown) if len(positions) > shown else "")
 
 
 def _named_exactly(channel, layout, bad_slots):
