@@ -21,6 +21,7 @@ torch_xla.core.xla_model`` finds it. It does what torch_xla's documented
 ``reduce_gradients`` (with how many gradients existed) and ``mark_step``: the
 tests assert the order of events with it.
 """
+import importlib.util
 import sys
 import types
 
@@ -128,21 +129,23 @@ def _notify_import_hooks(module):
 
 
 class _StandInPackage(types.ModuleType):
-    """An empty package module that availability probes take for a package that is not installed.
+    """An empty package module that ``importlib.util.find_spec`` takes for a package that is not installed.
 
-    Frameworks ask ``importlib.util.find_spec("torch_xla")`` at import time (Lightning's and
-    torchmetrics' import checks). For a module already in ``sys.modules`` that reads its ``__spec__``:
-    None makes it raise ValueError, which some releases do not catch (the import fails), and a real
-    spec makes them take the stand-in for torch_xla and import parts of it it does not have. Raising
-    ModuleNotFoundError, which every such probe catches, answers as when torch_xla is absent; the
-    stand-in is imported by name all the same. A spec set on it (a test double that presents itself as
-    an installed torch_xla) is answered instead.
+    Frameworks ask ``find_spec("torch_xla")`` at import time (Lightning's and torchmetrics' availability
+    checks). For a module already in ``sys.modules`` it reads ``__spec__``: None makes it raise ValueError,
+    which some releases do not catch (torchmetrics 0.11: ``import pytorch_lightning`` 1.9 fails), and a real
+    spec makes them take the stand-in for torch_xla and import parts of it that it does not have (Lightning
+    2.x). So ``find_spec`` alone is answered ModuleNotFoundError, which every such probe catches: torch_xla
+    reads as absent, as it is on this machine. The import system, which reads ``__spec__`` too (Python
+    3.13's ``import a.b.c``), gets None, as for any module made without a spec, and imports the stand-in
+    by name. A spec set on it (a test double presenting itself as an installed torch_xla) is answered
+    to both.
     """
 
     @property
     def __spec__(self):
         spec = self.__dict__.get("_installed_spec")
-        if spec is None:
+        if spec is None and sys._getframe(1).f_code is importlib.util.find_spec.__code__:
             raise ModuleNotFoundError("%s is the CPU simulation's stand-in, not an installed package"
                                       % self.__name__, name=self.__name__)
         return spec

@@ -226,11 +226,7 @@ def install(world_size, ordinal):
     """The torch_xla stand-in (with what accelerate calls) plus the Neuron SDK stand-ins; returns xm."""
     xm = accelerate_xla.install(world_size, ordinal)
     torch_xla = sys.modules["torch_xla"]
-    try:
-        installed = torch_xla.__spec__ is not None
-    except ImportError:  # the CPU simulation's stand-in reads as not installed until given a spec
-        installed = False
-    if not installed:
+    if getattr(torch_xla, "__spec__", None) is None:
         torch_xla.__spec__ = importlib.machinery.ModuleSpec("torch_xla", None, is_package=True)
     zero = _module("torch_xla.distributed.zero_redundancy_optimizer")
     zero.ZeroRedundancyOptimizer = _unsimulated_class("torch_xla.distributed.zero_redundancy_optimizer."
