@@ -26,11 +26,11 @@ EQUIVALENT="$REPO/scripts/mutation_equivalent.txt"
 # name | file to mutate | unit tests that exercise it
 MAP="
 engine|tpu_closure_fix/engine.py|tests/unit/test_engine_rules.py tests/unit/test_engine_lifecycle.py
-identity|tpu_closure_fix/identity.py|tests/unit/test_identity.py
+identity|tpu_closure_fix/identity.py|tests/unit/test_identity.py tests/unit/test_identity_edges.py tests/unit/test_identity_scopes.py
 fingerprint|tpu_closure_fix/synccheck/fingerprint.py|tests/unit/test_fingerprint_vector.py tests/unit/test_fingerprint_dtypes.py
-compare|tpu_closure_fix/synccheck/compare.py|tests/unit/test_synccheck_rules.py tests/unit/test_synccheck_inprocess.py
-callback|tpu_closure_fix/synccheck/callback.py|tests/unit/test_synccheck_inprocess.py tests/unit/test_synccheck_rules.py
-calls|tpu_closure_fix/calls.py|tests/unit/test_calls.py
+compare|tpu_closure_fix/synccheck/compare.py|tests/unit/test_compare_run.py tests/unit/test_synccheck_rules.py tests/unit/test_synccheck_inprocess.py
+callback|tpu_closure_fix/synccheck/callback.py|tests/unit/test_callback_schedule.py tests/unit/test_synccheck_inprocess.py tests/unit/test_synccheck_rules.py
+calls|tpu_closure_fix/calls.py|tests/unit/test_calls.py tests/unit/test_calls_edges.py
 "
 
 if [ ! -x "$VENV/bin/mutmut" ]; then
@@ -44,6 +44,10 @@ venv_site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths(
 echo "$base_site" > "$venv_site/tpu-closure-fix-base-venv.pth"
 "$VENV/bin/python" -c 'import torch, wrapt, packaging, pytest' 2>/dev/null || {
     echo "the mutation venv cannot import torch, wrapt, packaging and pytest; see $VENV"; exit 2; }
+
+# The thread-rank tests (tests/support/thread_ranks.py) wait this long for a rank that never comes to an
+# exchange: a mutant that breaks one rank's part of a check fails in seconds, not half a minute.
+export TPU_CLOSURE_FIX_THREAD_RANK_TIMEOUT="${TPU_CLOSURE_FIX_THREAD_RANK_TIMEOUT:-5}"
 
 wanted=("$@")
 selected() {
@@ -64,6 +68,8 @@ while IFS='|' read -r name file tests; do
     cp -a "$REPO/tests/support" "$dir/tests/"
     mkdir -p "$dir/tests/unit"
     cp "$REPO"/tests/unit/*.py "$dir/tests/unit/"
+    mkdir -p "$dir/scripts"
+    cp "$REPO/scripts/fingerprints.py" "$dir/scripts/"  # test_identity.py tests the script's use of identity
     find "$dir" -name __pycache__ -prune -exec rm -rf {} +
     {
         echo "[mutmut]"
@@ -72,6 +78,8 @@ while IFS='|' read -r name file tests; do
         echo "pytest_add_cli_args = -p no:cacheprovider -q -m \"not slow\""
         echo "pytest_add_cli_args_test_selection ="
         for t in $tests; do echo "    $t"; done
+        echo "also_copy ="
+        echo "    scripts/"
         echo "use_git_change_detection = false"
         echo "timeout_multiplier = 2.0"
         echo "timeout_constant = 3.0"
@@ -107,9 +115,9 @@ survivors = sorted(m for m, v in status.items() if v not in ("killed", "timeout"
 import ast, difflib, os
 functions = {}
 for folder, _, files in os.walk("mutants/tpu_closure_fix"):
-    for name in files:
-        if name.endswith(".py"):
-            path = os.path.join(folder, name)
+    for filename in files:
+        if filename.endswith(".py"):
+            path = os.path.join(folder, filename)
             text = open(path).read()
             lines = text.split("\n")
             for node in ast.walk(ast.parse(text)):

@@ -22,7 +22,7 @@ What is normalized away (none of it changes what the code does):
 * docstrings, and any other statement made only of plain string literals (a no-op;
   f-strings are kept, since their expressions run);
 * ``;`` and one-line compound statements: ``if x: return y`` is the same as the
-  two-line block;
+  two-line block, and so is a one-line ``case`` body (``case 1: return y``);
 * a trailing comma before a closing bracket, where it cannot change the value:
   always in calls, definitions, class bases, list, dict and set displays; in a
   parenthesized tuple or a subscript only when another comma remains, because
@@ -61,9 +61,8 @@ Guarantees and limits:
 * Equal fingerprints mean equal token streams after the rules above (up to a
   64-bit hash collision). Formatting changes those rules do not cover give a
   different fingerprint: redundant parentheses elsewhere than listed, a
-  docstring replaced by ``pass``, reordered keyword arguments, a one-line
-  ``case`` body. Differences are always safe to report; they only mean "not
-  recognized".
+  docstring replaced by ``pass``, reordered keyword arguments. Differences are
+  always safe to report; they only mean "not recognized".
 * Source using syntax newer than the running Python's tokenizer (3.12's nested
   same-quote f-strings on 3.11) cannot be fingerprinted there; such code cannot
   run there either.
@@ -165,7 +164,8 @@ def decorators_known(function):
     A fingerprint is computed from text: ``@override`` bound to a wrapping decorator has the same
     text as the no-op. So identity also needs each decorator expression (a name or a dotted name;
     anything else, a call included, is not known) looked up where the definition runs -- the
-    class body's namespace, then the module globals, then builtins -- to be one of the known
+    namespace of the class body that defines it (not those of the classes around it), then the
+    module globals, then builtins -- to be one of the known
     objects, and the attribute to be the plain function (or a static/class method around it).
     Limits: a name rebound after the class was built is judged by its binding now.
     """
@@ -233,8 +233,10 @@ def _known_decorator_objects():
 
 
 def _lookup(function, dotted):
-    """The object ``dotted`` names where ``function`` was defined (class bodies on its qualname, then
-    globals, then builtins); attributes only through modules. None when it cannot be read."""
+    """The object ``dotted`` names where ``function``'s decorators ran: the body of the class that
+    defines it, then globals, then builtins, as Python resolves a name there (the bodies of the classes
+    around that class are not visible from inside it); attributes only through modules. None when it
+    cannot be read."""
     import builtins
     import types
 
@@ -246,7 +248,7 @@ def _lookup(function, dotted):
         scope = vars(scope).get(part) if isinstance(scope, type) else scope.get(part)
         if not isinstance(scope, type):
             return None
-        namespaces.insert(0, vars(scope))
+        namespaces = [vars(scope)]  # only the innermost class body binds names for the definition
     namespaces += [function.__globals__, vars(builtins)]
     value = next((namespace[first] for namespace in namespaces if first in namespace), None)
     for attribute in dotted[1:]:

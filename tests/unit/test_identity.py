@@ -8,6 +8,7 @@ import json
 import linecache
 import os
 import py_compile
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,9 @@ def optimizer_step(self, optimizer: Optimizable, **kwargs: Any) -> Any:
     return xm.optimizer_step(optimizer, optimizer_args=kwargs, barrier=True)
 '''
 
+# BASE's docstring, to replace or drop (the rest of BASE is kept as written).
+_DOCSTRING = re.compile(r'    """Run the step\..*?"""\n', re.S)
+
 # Each one is BASE written differently; same code.
 SAME_CODE = {
     "comments and blank lines": '''
@@ -59,29 +63,8 @@ def optimizer_step(self, optimizer: Optimizable, **kwargs: Any) -> Any:  # type:
     message = f"{closure!r:>10} done"
     return xm.optimizer_step(optimizer, optimizer_args=kwargs, barrier=True)  # the bug
 ''',
-    "docstring changed": '''
-@override
-def optimizer_step(self, optimizer: Optimizable, **kwargs: Any) -> Any:
-    """Something else entirely."""
-    import torch_xla.core.xla_model as xm
-    closure = kwargs.get("closure")
-    if closure is not None and self.enabled:
-        kwargs = {**kwargs, "closure": partial(self._wrap, optimizer, closure)}
-    sizes = [1000, 16, 2.5, b"raw"]
-    message = f"{closure!r:>10} done"
-    return xm.optimizer_step(optimizer, optimizer_args=kwargs, barrier=True)
-''',
-    "no docstring": '''
-@override
-def optimizer_step(self, optimizer: Optimizable, **kwargs: Any) -> Any:
-    import torch_xla.core.xla_model as xm
-    closure = kwargs.get("closure")
-    if closure is not None and self.enabled:
-        kwargs = {**kwargs, "closure": partial(self._wrap, optimizer, closure)}
-    sizes = [1000, 16, 2.5, b"raw"]
-    message = f"{closure!r:>10} done"
-    return xm.optimizer_step(optimizer, optimizer_args=kwargs, barrier=True)
-''',
+    "docstring changed": _DOCSTRING.sub('    """Something else entirely."""\n', BASE).replace("\n\n", "\n"),
+    "no docstring": _DOCSTRING.sub("", BASE).replace("\n\n", "\n"),
     "quote style and literal spelling": """
 @override
 def optimizer_step(self, optimizer: Optimizable, **kwargs: Any) -> Any:
@@ -546,6 +529,9 @@ OTHER_PYTHONS = _other_pythons()
 
 if OTHER_PYTHONS:  # defined only where another interpreter exists to compare with
     def test_same_fingerprints_under_every_python_version(tmp_path):
+        if hasattr(identity, "MutantDict"):
+            pytest.skip("identity.py is mutmut's rewritten copy (scripts/mutation.sh): other interpreters "
+                        "cannot import mutmut")
         corpus = _corpus()
         assert len(corpus) > 100
         here = [identity.fingerprint_source(text) for text in corpus]
@@ -674,16 +660,19 @@ def test_script_check_compares_with_the_table_field(monkeypatch):
 
 
 # --------------------------------------------------------------------------- what decorators are bound to
-DECORATED = """
-import functools
-from typing_extensions import override as real_override
-
+#: A decorator that wraps (``functools.wraps``): text that decorators_known must not take for a no-op.
+WRAPPING = """
 def wrapping(function):
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         return function(*args, **kwargs)
     return wrapper
+"""
 
+DECORATED = """
+import functools
+from typing_extensions import override as real_override
+""" + WRAPPING + """
 def marking(function):  # a no-op the shim does not know: not on the short list
     return function
 
