@@ -83,21 +83,22 @@ def setup():
         def step(self, closure=None):
             return closure()
 
-    plugin, model = fitted_tpu_precision_plugin()
+    trainer, plugin, model = fitted_tpu_precision_plugin()
     optimizer = NoOpOptimizer(model.parameters())
     result = torch.tensor(1.0)
 
     def closure():
         return result
 
-    def patched(n):
+    # Each timed function holds the trainer (a default argument): the model refers to it weakly.
+    def patched(n, _trainer=trainer):
         step = plugin.optimizer_step
         start = time.perf_counter()
         for _ in range(n):
             step(optimizer, model, 0, closure)
         return (time.perf_counter() - start) / n
 
-    def upstream(n):
+    def upstream(n, _trainer=trainer):
         step = upstream_1_9_optimizer_step
         start = time.perf_counter()
         for _ in range(n):

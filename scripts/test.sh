@@ -23,6 +23,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh || exit 1
+set +e  # venv.sh turns -e on; here a failing stage is counted in $status and every later stage still runs
 rm -rf results && mkdir -p results
 status=0
 disk() { echo "   (disk: $(du -sh .cache 2>/dev/null | cut -f1) in .cache/, $(df -Ph . | awk 'NR==2 {print $4}') free)"; }

@@ -8,9 +8,11 @@ already runs the plugin's XLA path on it.
 
 
 def fitted_tpu_precision_plugin():
-    """Fit a one-layer model for one step with ``TPUPrecisionPlugin``; returns (the trainer's plugin, model).
+    """Fit a one-layer model for one step with ``TPUPrecisionPlugin``; returns (trainer, its plugin, model).
 
-    The model's optimizer is SGD with lr=0.0, so the step leaves its parameters unchanged.
+    The model's optimizer is SGD with lr=0.0, so the step leaves its parameters unchanged. The caller
+    keeps the trainer for as long as it calls the plugin: the model holds it by a weak reference only
+    (pytorch-lightning 1.8's ``LightningModule.trainer`` is a weak proxy), and the plugin's step reads it.
     """
     import pytorch_lightning as pl
     import torch
@@ -31,4 +33,4 @@ def fitted_tpu_precision_plugin():
     trainer = pl.Trainer(max_steps=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, plugins=[tpu.TPUPrecisionPlugin()])
     trainer.fit(model, train_dataloaders=torch.utils.data.DataLoader(torch.randn(2, 2), batch_size=2))
-    return trainer.strategy.precision_plugin, model
+    return trainer, trainer.strategy.precision_plugin, model

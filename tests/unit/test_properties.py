@@ -78,7 +78,7 @@ def site():
     tpu._XLA_AVAILABLE = True
     assert tpu_closure_fix.engine.is_ours(vars(tpu.TPUPrecisionPlugin)["optimizer_step"])
 
-    plugin, model = fitted_tpu_precision_plugin()
+    trainer, plugin, model = fitted_tpu_precision_plugin()
 
     class Evaluating(torch.optim.Optimizer):
         """Evaluates the closure ``times`` times per step (like LBFGS) and records its keyword arguments."""
@@ -96,6 +96,7 @@ def site():
             return result
 
     yield plugin, model, Evaluating(model.parameters()), xm
+    del trainer  # held until here: the model refers to it weakly and the plugin's step reads it
     sys.modules.pop("torch_xla.core.xla_model", None)
     sys.modules.pop("torch_xla.core", None)
     sys.modules.pop("torch_xla", None)
