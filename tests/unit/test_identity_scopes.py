@@ -6,6 +6,7 @@ Live functions are imported from module files written for the test (the test mod
 are rewritten by pytest's assert hook and rightly have no matching source).
 """
 import linecache
+import sys
 import textwrap
 import types
 
@@ -196,7 +197,8 @@ def test_a_source_without_a_final_newline_is_the_same_definition():
 
 @pytest.mark.parametrize("source, message", [
     ("def f():\n    return (1\n", r"^does not tokenize: "),
-    ("def f():\n    return $\n", r"^unexpected token "),
+    pytest.param("def f():\n    return $\n", r"^unexpected token ", marks=pytest.mark.skipif(
+        sys.version_info >= (3, 12), reason="Python 3.12+'s tokenizer passes '$' on without an error token")),
     ("def f(match):\n    return (match\n", r"^does not parse: "),
     ("-x\ndef f():\n    return 1\n", r"^not a function definition$"),
     ("def f\n", r"^not a function definition$"),
@@ -222,6 +224,7 @@ def f(x):
 """
 
 
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="match statements are Python 3.10+")
 def test_soft_keywords_in_an_indented_method_are_those_of_the_unindented_text():
     """The ``ast`` positions of ``match``, a case pattern and the wildcard are shifted by the margin."""
     indented = textwrap.indent(SOFT_KEYWORDS, "    ")
@@ -273,6 +276,7 @@ def test_a_definition_whose_lines_are_blank_now_has_no_source(module_from):
     assert identity.examine(function) == (None, identity.NO_SOURCE)
 
 
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="match statements are Python 3.10+")
 def test_the_module_docstring_says_what_a_one_line_case_body_gets():
     """A one-line ``case`` body fingerprints as its block, and the docstring's list of formatting
     changes that give a different fingerprint does not name it."""
