@@ -269,17 +269,23 @@ def _print_result(args, outcome, status, events, graph, graph_unavailable):
                       graph_check=graph if graph is not False else None)
         print(json.dumps(result, indent=2, default=str))
         return outcome.exit_code
-    print(report.render_header(status))
-    print(report.render_table(records))
-    for line in report.render_uncovered(status.get("uncovered")) + \
-            report.render_compiled_only(status.get("compiled_only")):
-        print(line)
-    print()
-    print(_ascii("\n".join(render_events(events))))
-    print()
-    print(_ascii("\n".join(render_graph(graph, graph_unavailable))))
-    print(_ascii("\n" + outcome.reason))
+    print(render_check(outcome, status, events, graph, graph_unavailable))
     return outcome.exit_code
+
+
+def render_check(outcome, status, events, graph, graph_unavailable):
+    """The text ``check`` prints: the status part, both self-tests, the outcome; every line at most
+    :data:`tpu_closure_fix.textfit.WIDTH` columns (``--json`` holds every value complete)."""
+    from . import report
+    from .textfit import fit
+
+    lines = [report.render_header(status), report.render_table(status["sites"])]
+    lines.extend(report.render_uncovered(status.get("uncovered")) +
+                 report.render_compiled_only(status.get("compiled_only")))
+    lines.extend(["", _ascii("\n".join(render_events(events))), "", _ascii("\n".join(render_graph(graph,
+                                                                                           graph_unavailable)))])
+    lines.extend(["", _ascii(outcome.reason)])
+    return fit("\n".join(lines))
 
 
 def _ascii(text):

@@ -18,14 +18,8 @@ def _cmd_status(args):
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
         return result["exit_code"]
-    print(report.render_header(result))
-    if payload and "records" in payload:
-        print(report.render_table(payload["records"], show_all=args.all))
-        for line in report.render_uncovered(result["uncovered"]) + report.render_compiled_only(result["compiled_only"]):
-            print(line)
-    print("\n" + result["reason"])
-    if result["sync_check"]:
-        print(result["sync_check"])
+    print(report.render_status(result, payload["records"] if payload and "records" in payload else None,
+                               show_all=args.all))
     return result["exit_code"]
 
 

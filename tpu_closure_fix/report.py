@@ -133,22 +133,37 @@ def _cell(value):
     return ascii(text)[1:-1]
 
 
+#: The widest a table's distribution and release cells are shown (``--json`` holds them complete).
+DISTRIBUTION_CELL, RELEASE_CELL = 30, 16
+#: The widest the verdict column is made by eliding site names (a longer reason wraps below it).
+VERDICT_ROOM = 40
+
+
 def render_table(records, show_all=False):
+    """The site table, every line at most :data:`textfit.WIDTH` columns: long distribution, release and site
+    cells are elided in the middle, a verdict's reason wraps in its column."""
+    from .textfit import WIDTH, elide, hanging
+
     rows = [r for r in records if show_all or r["verdict"] not in (engine.NOT_INSTALLED, engine.ABSENT)]
     if not rows:
         return "No known call site is installed in this environment (use --all to list every known site)."
     header = ("distribution", "release", "site", "verdict")
-    table = [header]
-    for r in rows:
-        verdict = r["verdict"] + (" (%s)" % r["reason"] if r["reason"] else "")
-        table.append(tuple(_cell(cell) for cell in (r["distribution"] or "-", r["release"] or "-",
-                                                    "%s:%s" % (r["module"], r["method"]), verdict)))
-    widths = [max(len(str(row[i])) for row in table[:]) for i in range(3)]
-    lines = []
-    for i, row in enumerate(table):
-        lines.append("  ".join(str(cell).ljust(widths[j]) for j, cell in enumerate(row[:3])) + "  " + row[3])
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 7)
+    cells = [(_cell(r["distribution"] or "-"), _cell(r["release"] or "-"), _cell("%s:%s" % (r["module"], r["method"])),
+              _cell(r["verdict"]), _cell(r["reason"]) if r["reason"] else "") for r in rows]
+    caps = [DISTRIBUTION_CELL, RELEASE_CELL]
+    widths = [max([len(header[i])] + [min(len(c[i]), caps[i]) for c in cells]) for i in range(2)]
+    # room for the longest verdict with its reason, up to VERDICT_ROOM: a longer reason wraps below it
+    verdict_room = min(VERDICT_ROOM, max(len(c[3]) + (len(c[4]) + 3 if c[4] else 0) for c in cells))
+    site_cap = max(len(header[2]), WIDTH - verdict_room - sum(widths) - 6)
+    widths.append(max([len(header[2])] + [min(len(c[2]), site_cap) for c in cells]))
+
+    def columns(row):
+        return "  ".join(elide(cell, widths[j]).ljust(widths[j]) for j, cell in enumerate(row[:3])) + "  "
+
+    lines = [columns(header) + header[3], columns(tuple("-" * w for w in widths)) + "-" * 7]
+    for row in cells:
+        lines.extend(line.rstrip() for line in hanging(columns(row), row[3] + (" (%s)" % row[4] if row[4] else ""),
+                                                        WIDTH))
     return "\n".join(lines)
 
 
@@ -276,12 +291,29 @@ def status_json(payload, error=None):
             "compiled_only": (payload or {}).get("compiled_only") or []}
 
 
+def render_status(result, records=None, show_all=False):
+    """The text ``status`` prints for ``result`` (:func:`status_json`): the header, the site table when the
+    interpreter gave ``records``, the uncovered steps and compiled-only distributions, the outcome, the
+    zero-code check line; every line at most :data:`textfit.WIDTH` columns."""
+    from .textfit import fit
+
+    lines = [render_header(result)]
+    if records is not None:
+        lines.append(render_table(records, show_all=show_all))
+        lines.extend(render_uncovered(result["uncovered"]) + render_compiled_only(result["compiled_only"]))
+    lines.extend(["", _cell(result["reason"])])
+    if result["sync_check"]:
+        lines.append(_cell(result["sync_check"]))
+    return fit("\n".join(lines))
+
+
 def render_header(result):
-    """The first line of ``status`` and ``check``: which interpreter was asked, and its start-up hook."""
+    """The first two lines of ``status`` and ``check``: which interpreter was asked, and its start-up hook (a
+    line each, so that a long interpreter path and a long reason each keep their own line)."""
     python, hook = result["python"], result["startup_hook"]
     state = "unknown" if hook["active"] is None else "active" if hook["active"] else "INACTIVE"
-    return _cell("python: %s (%s); start-up hook: %s%s" % (python["executable"] or "?", python["version"] or "?",
-                                                            state, " (%s)" % hook["reason"] if hook["reason"] else ""))
+    return "%s\n%s" % (_cell("python: %s (%s)" % (python["executable"] or "?", python["version"] or "?")),
+                       _cell("start-up hook: %s%s" % (state, " (%s)" % hook["reason"] if hook["reason"] else "")))
 
 
 # --------------------------------------------------------------------------- compiled-only distributions

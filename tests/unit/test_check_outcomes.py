@@ -272,13 +272,18 @@ def run_check_with_broken_torch_xla(tmp_path, init_source, args, env_extra=None,
                           capture_output=True, timeout=400, cwd=str(tmp_path), **run_options)
 
 
+def outcome_paragraph(stdout):
+    """The outcome ``check`` prints last, wrapped at 120 columns, as one line."""
+    return " ".join(stdout.rstrip().split("\n\n")[-1].split())
+
+
 def test_check_with_a_torch_xla_that_cannot_be_imported_exits_3_naming_the_error(tmp_path):
     """The real command: a torch_xla whose import raises (a broken libtpu) is "could not verify", exit 3."""
     proc = run_check_with_broken_torch_xla(
         tmp_path, "raise ImportError('libtpu.so: cannot open shared object file')\n",
         ["--no-graph", "--timeout", "300"], text=True)
     assert proc.returncode == 3, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert proc.stdout.rstrip().splitlines()[-1].startswith(
+    assert outcome_paragraph(proc.stdout).startswith(
         "COULD NOT VERIFY: torch_xla.core.xla_model:optimizer_step cannot be imported (import failed: ImportError: "
         "libtpu.so: cannot open shared object file)"), proc.stdout
 
@@ -292,10 +297,12 @@ def test_status_table_rows_are_printable_ascii_one_line_each():
                     distribution="torch-xla", release="2.1\u2003"),
                dict(record(FABRIC, "patched"), distribution="lightning-fabric", release="2.6.6")]
     lines = report.render_table(records).splitlines()
-    assert len(lines) == 4, lines  # header, rule, one line per record
-    assert all(line.isascii() and line.isprintable() for line in lines), lines
-    assert lines[2].endswith("failed (import failed: ImportError: caf\\xe9\\nsecond line)") and "2.1\\u2003" in lines[2]
-    assert lines[3].endswith("  patched") and "2.6.6" in lines[3]  # a plain row is unchanged
+    rows = [line for line in lines if not line.startswith(" ")]  # a long verdict wraps in its column
+    assert len(rows) == 4, lines  # header, rule, one row per record
+    assert all(line.isascii() and line.isprintable() and len(line) <= 120 for line in lines), lines
+    failed = " ".join(" ".join(lines[2:-1]).split())
+    assert failed.endswith("failed (import failed: ImportError: caf\\xe9\\nsecond line)") and "2.1\\u2003" in rows[2]
+    assert rows[3].endswith("  patched") and "2.6.6" in rows[3]  # a plain row is unchanged
 
 
 def test_check_text_output_prints_on_an_ascii_stdout(tmp_path):
@@ -304,4 +311,4 @@ def test_check_text_output_prints_on_an_ascii_stdout(tmp_path):
         tmp_path, "raise ImportError('/opt/caf\\u00e9/libtpu.so: cannot open')\n", ["--timeout", "300"],
         env_extra={"PYTHONIOENCODING": "ascii"})
     assert proc.returncode == 3 and b"Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert b"caf\\xe9" in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+    assert "caf\\xe9" in outcome_paragraph(proc.stdout.decode("ascii")), proc.stdout[-2000:]

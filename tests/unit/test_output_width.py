@@ -1,0 +1,167 @@
+"""Every line ``status`` and ``check`` print fits 120 columns, for every outcome; ``--json`` stays complete.
+
+The renderers are driven with payloads of each outcome class, made as wide as real ones were: a 1.8.6 release
+whose every site is skipped with a long reason, an import error quoting a long message, a ``--target`` folder
+deep in a home directory, ``--all`` with the longest site names, check's self-test failures and IR excerpts.
+"""
+import pytest
+
+from tpu_closure_fix import check, report, textfit
+
+WIDTH = 120
+SITE = "/home/user/venv/lib/python3.11/site-packages"
+DEEP = "/home/user/projects/a-rather-long-project-name/with/a/deep/folder/structure/for/its/dependencies/deps"
+FABRIC = ("lightning_fabric.plugins.precision.xla", "XLAPrecision.optimizer_step")
+LONGEST = ("pytorch_lightning.core.optimizer", "LightningOptimizer._LightningOptimizer__optimizer_step")
+LONG_REASON = ("cannot read the release of pytorch_lightning (no __version__): ModuleNotFoundError: No module "
+               "named 'pkg_resources' raised while importing pytorch_lightning.utilities.imports from "
+               + SITE + "/pytorch_lightning/utilities/imports.py")
+
+
+def facts(**changes):
+    base = {"executable": "/home/user/venv/bin/python", "version": "3.11.7", "startup_loaded": True,
+            "startup_armed": True, "shim_at_start": False, "switch": None,
+            "flags": {"no_site": False, "isolated": False, "ignore_environment": False, "no_user_site": False},
+            "shim_origin": SITE + "/tpu_closure_fix/__init__.py", "site_dirs": [SITE], "pth_in": [SITE]}
+    base.update(changes)
+    return base
+
+
+def record(verdict, site=FABRIC, reason="", distribution="pytorch-lightning (vendored pytorch_lightning)",
+           release="1.8.6"):
+    return {"distribution": distribution, "release": release, "module": site[0], "method": site[1],
+            "verdict": verdict, "reason": reason, "variant": None, "integration": "lightning"}
+
+
+def payload(records, uncovered=(), **fact_changes):
+    return {"facts": facts(**fact_changes), "records": records, "shim_version": "0.1.0", "shim_path": SITE,
+            "sync_check": "zero-code sync check: off (TPU_CLOSURE_FIX_SYNC_CHECK unset)",
+            "uncovered": list(uncovered), "scan_error": None, "compiled_only": []}
+
+
+SKIPPED = [record("skipped", (LONGEST[0] + str(i), LONGEST[1]), LONG_REASON) for i in range(5)]
+UNCOVERED = [{"file": SITE + "/some_framework/strategies/xla_strategy_with_a_long_name.py", "line": 1234,
+              "module": "some_framework.strategies.xla_strategy_with_a_long_name",
+              "function": "XLAStrategyWithALongName.optimizer_step_with_closure"}] * 3
+#: (outcome, payload, error, --all) of every status outcome class, each as wide as found in real runs
+STATUS_CASES = {
+    "protected": (payload([record("patched"), record("guarded", LONGEST), record("fixed upstream")]), None, False),
+    "nothing to protect (--all)": (payload([record("not installed", LONGEST, release=None),
+                                            record("not in this release", FABRIC)]), None, True),
+    "unprotected (skipped sites)": (payload([record("patched")] + SKIPPED), None, False),
+    "unprotected (start-up hook inactive)": (payload([record("patched", LONGEST)] * 4, startup_armed=False,
+                                                     shim_origin=DEEP + "/tpu_closure_fix/__init__.py",
+                                                     pth_in=[]), None, False),
+    "unprotected (switched off)": (payload([record("disabled", reason="TPU_CLOSURE_FIX=0")], switch="0",
+                                           startup_armed=False), None, False),
+    "could not verify (import failed)": (payload([record("failed", LONGEST, report.IMPORT_FAILED + LONG_REASON)]),
+                                         None, False),
+    "could not verify (uncovered)": (payload([record("patched")], uncovered=UNCOVERED), None, False),
+    "could not verify (no report)": (None, "PYTHONPATH holds 'deps', relative to the working directory: "
+                                           + LONG_REASON, False),
+}
+
+
+def widest(text):
+    return max(len(line) for line in text.splitlines())
+
+
+def words(text):
+    return text.split()
+
+
+@pytest.mark.parametrize("case", sorted(STATUS_CASES))
+def test_every_status_line_fits_120_columns(case):
+    given, error, show_all = STATUS_CASES[case]
+    result = report.status_json(given, error)
+    assert case.startswith(result["outcome"]), (case, result["outcome"])  # the payload gives its class
+    text = report.render_status(result, (given or {}).get("records"), show_all=show_all)
+    assert widest(text) <= WIDTH, "%s: a line of %d columns:\n%s" % (case, widest(text), text)
+    # the outcome is wrapped, never shortened: its words are all there, in order
+    assert " ".join(words(result["reason"])) in " ".join(words(text)), text
+
+
+def test_the_json_keeps_what_the_text_elides():
+    given = payload([record("not installed", LONGEST, release=None)])
+    result = report.status_json(given)
+    text = report.render_status(result, given["records"], show_all=True)
+    assert all(record["method"] == LONGEST[1] for record in result["sites"])
+    assert "%s:%s" % LONGEST not in text and textfit.ELLIPSIS in text  # elided in the table only
+
+
+def events_of(sites, untested=(), error=None):
+    return {"ok": False, "error": error, "sites": sites, "untested": list(untested)}
+
+
+def graph_of(sites, error=None, untested=()):
+    return {"ok": error is None, "error": error, "sites": sites, "untested": list(untested)}
+
+
+SITE_NAME = "%s:%s" % LONGEST
+IR = ["%%%d = f32[128,1024]{1,0} xla::cross_replica_sum(%%%d), replica_groups=((0, 1, 2, 3, 4, 5, 6, 7)), "
+      "scale=0.125, pin_layout=false, groups=8, xla_shape=f32[128,1024]{1,0}" % (i, i - 1) for i in range(1, 6)]
+BUGGY = ["reduce_gradients(no grads)", "forward", "backward", "step", "mark_step", "barrier", "zero_grad",
+         "forward", "backward"]
+
+
+def check_case(name):
+    """(outcome, status, events, graph, graph_unavailable) of each outcome class of ``check``."""
+    good_graph = graph_of({SITE_NAME: {"verdict": "patched", "wrapped_by_shim": True, "all_reduce_count": 1,
+                                       "operands_from_backward": True, "update_consumes_all_reduce": True,
+                                       "excerpt": IR}})
+    good_events = events_of([{"site": SITE_NAME, "verdict": "patched", "ok": True, "error": None,
+                              "events": ["forward", "backward", "reduce_gradients", "step", "mark_step"] * 3}],
+                            untested=[{"site": "x" * 90 + ":Step.step", "verdict": "guarded",
+                                       "reason": LONG_REASON}])
+    given = payload([record("patched", LONGEST)] + SKIPPED)
+    if name == "protected":
+        args = ([], good_events, good_graph)
+    elif name == "unprotected":
+        bad = events_of([{"site": SITE_NAME, "verdict": "patched", "ok": False, "error": None, "events": BUGGY}])
+        args = (report.unprotected(given["records"]), bad, graph_of({SITE_NAME: {
+            "verdict": "patched", "all_reduce_count": 0, "operands_from_backward": False,
+            "update_consumes_all_reduce": False, "excerpt": IR}}))
+    elif name == "could not verify":
+        failed = events_of([{"site": SITE_NAME, "verdict": "patched", "ok": False, "events": [],
+                             "error": "TypeError: " + LONG_REASON}], error=LONG_REASON)
+        args = ([record("failed", LONGEST, report.IMPORT_FAILED + LONG_REASON)], failed,
+                graph_of({SITE_NAME: {"verdict": "patched", "error": "RuntimeError: " + LONG_REASON}}))
+    else:
+        args = ([], events_of([]), None, None, 0)
+    outcome = check.decide(*args)
+    graph = args[2]
+    return outcome, report.status_json(given), args[1], graph, None if graph else LONG_REASON
+
+
+@pytest.mark.parametrize("name", ["protected", "unprotected", "could not verify", "nothing to protect"])
+def test_every_check_line_fits_120_columns(name):
+    outcome, status, events, graph, unavailable = check_case(name)
+    assert outcome.name == name, outcome
+    text = check.render_check(outcome, status, events, graph, unavailable)
+    assert widest(text) <= WIDTH, "%s: a line of %d columns:\n%s" % (name, widest(text), text)
+    assert " ".join(words(outcome.reason)) in " ".join(words(text)), text
+
+
+# --------------------------------------------------------------------------- the helpers, rule by rule
+def test_elide_keeps_both_ends_and_the_width():
+    assert textfit.elide("short", 10) == "short"
+    cut = textfit.elide("abcdefghijklmnopqrstuvwxyz", 12)
+    assert len(cut) == 12 and cut.startswith("abcd") and cut.endswith("vwxyz") and textfit.ELLIPSIS in cut
+
+
+def test_wrap_breaks_at_spaces_indents_continuations_and_cuts_only_overlong_words():
+    line = "  " + " ".join("word%d" % i for i in range(60))
+    lines = textfit.wrap(line, 50)
+    assert len(lines) > 1 and all(len(piece) <= 50 for piece in lines)
+    assert lines[0].startswith("  word0") and all(piece.startswith("  " + textfit.CONTINUATION + "word")
+                                                  for piece in lines[1:])
+    assert " ".join(" ".join(lines).split()) == line.strip()
+    assert textfit.wrap("fits", 50) == ["fits"]
+    long_path = "/" + "x" * 130
+    assert all(len(piece) <= 120 for piece in textfit.wrap("at " + long_path))
+
+
+def test_hanging_wraps_the_last_cell_under_its_column():
+    lines = textfit.hanging("a" * 40 + "  ", "b " * 80, 120)
+    assert len(lines) > 1 and all(len(line) <= 120 for line in lines)
+    assert all(line.startswith(" " * 42 + "b") for line in lines[1:])

@@ -1,0 +1,58 @@
+"""Lines that fit a terminal: what ``status`` and ``check`` print is at most :data:`WIDTH` columns.
+
+The text output wraps long sentences (an outcome, a reason) onto indented continuation lines and elides
+long table cells in the middle; ``--json`` is never shortened (it carries every value complete).
+"""
+import textwrap
+
+#: The widest line ``status`` and ``check`` print.
+WIDTH = 120
+#: How far a wrapped line's continuation is indented beyond the line's own indentation.
+CONTINUATION = "    "
+#: What stands for the elided middle of a cell.
+ELLIPSIS = "..."
+
+
+def elide(text, width):
+    """``text`` itself when it fits ``width`` columns, else its start and end around :data:`ELLIPSIS`
+    (the end of a site or path name tells most, so it keeps the larger half)."""
+    if len(text) <= width:
+        return text
+    if width <= len(ELLIPSIS):
+        return text[:width]
+    kept = width - len(ELLIPSIS)
+    head = kept // 2
+    return text[:head] + ELLIPSIS + text[len(text) - (kept - head):]
+
+
+def wrap(line, width=WIDTH):
+    """``line`` as lines of at most ``width`` columns: broken at spaces, continuation lines indented as the
+    line is plus :data:`CONTINUATION`; a word longer than a line (a long path) is cut where it must be."""
+    if len(line) <= width:
+        return [line]
+    indent = line[:len(line) - len(line.lstrip(" "))]
+    follow = indent + CONTINUATION
+    if len(follow) >= width // 2:  # a deeply indented line keeps room for its words
+        follow = CONTINUATION
+    return textwrap.wrap(line.lstrip(" "), width=width, initial_indent=indent, subsequent_indent=follow,
+                         break_long_words=True, break_on_hyphens=False, drop_whitespace=True) or [line[:width]]
+
+
+def fit(text, width=WIDTH):
+    """Every line of ``text`` (one string, lines separated by ``\\n``) wrapped to ``width`` columns."""
+    out = []
+    for line in text.split("\n"):
+        out.extend(wrap(line.rstrip(), width) if line.strip() else [line.rstrip()])
+    return "\n".join(out)
+
+
+def hanging(first, text, width=WIDTH):
+    """``first`` followed by ``text``, the text wrapped into the columns after ``first`` (a table row's last
+    cell): continuation lines are indented to that column while it leaves a third of the width and every word
+    fits there, else by :data:`CONTINUATION`."""
+    column = len(first)
+    room = width - column
+    if room < width // 3 or max([len(word) for word in text.split()] or [0]) > room:
+        return wrap(first + text, width)
+    pieces = textwrap.wrap(text, width=room, break_long_words=True, break_on_hyphens=False) or [""]
+    return [first + pieces[0]] + [" " * column + piece for piece in pieces[1:]]
