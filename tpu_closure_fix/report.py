@@ -3,7 +3,7 @@ import importlib.util
 import json
 import sys
 
-from . import engine
+from . import engine, install
 from . import sites as _sites
 from .releases import loaded_release, owning_distributions
 
@@ -204,12 +204,20 @@ def startup_gap(payload):
     return ("the start-up hook does not run in %s (%s): a training script that does not import tpu_closure_fix "
             "runs %d affected site(s) unpatched (%s). Fix: %s." % (payload["facts"].get("executable"), why,
                                                                    len(needing), _some(_site(r) for r in needing),
-                                                                   fresh.FIX))
+                                                                   install.startup_fix(payload["facts"])))
 
 
 def _some(names, shown=3):
     names = list(names)
     return ", ".join(names[:shown]) + (" and %d more" % (len(names) - shown) if len(names) > shown else "")
+
+
+def site_fix(record):
+    """The one step that puts the fix of an unprotected site in place (:func:`tpu_closure_fix.install.site_fix`,
+    a pin naming the newest row of the site's table)."""
+    rows = _sites.rows_for(record["module"], record["method"]) if (record["module"], record["method"]) in \
+        set(_sites.site_keys()) else []
+    return install.site_fix(record, rows[-1] if rows else None)
 
 
 def uncovered_reason(payload):
@@ -254,9 +262,9 @@ def status_outcome(payload, error=None):
     # 4. An installed site runs the buggy code (a module that cannot be imported runs no code at all: rule 5).
     bad = [r for r in unprotected(sites) if not import_failed(r)]
     if bad:
-        return outcome(UNPROTECTED, "UNPROTECTED: %d installed affected site(s) run the buggy code: %s." % (
+        return outcome(UNPROTECTED, "UNPROTECTED: %d installed affected site(s) run the buggy code: %s. Fix: %s." % (
             len(bad), "; ".join("%s (%s%s)" % (_site(r), r["verdict"], ": " + r["reason"] if r["reason"] else "")
-                                for r in bad)))
+                                for r in bad), site_fix(bad[0])))
     # 5. An installed framework holds an XLA optimizer step no row covers (or the search failed), or a site's
     #    module cannot be imported: no verdict.
     unknown = uncovered_reason(payload)

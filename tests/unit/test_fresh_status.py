@@ -115,7 +115,8 @@ def test_status_with_the_hook_inactive_is_unprotected_naming_why_and_the_fix():
     # switched off: the records say "disabled" (rule 4), not a start-up fix
     off = report.status_outcome(payload([record("disabled", reason="TPU_CLOSURE_FIX=0")], switch="0",
                                         startup_armed=False))
-    assert off[:2] == ("unprotected", 1) and "(disabled: TPU_CLOSURE_FIX=0)" in off[2] and "Fix:" not in off[2]
+    assert off[:2] == ("unprotected", 1) and "(disabled: TPU_CLOSURE_FIX=0)" in off[2]
+    assert off[2].endswith("Fix: `unset TPU_CLOSURE_FIX`.") and "site-packages" not in off[2]
 
 
 def test_status_with_a_buggy_site_is_unprotected_and_with_none_protected():

@@ -220,8 +220,3 @@ def startup_hook(facts):
         return False, "python -I/-s: the user site-packages holding %s is not read" % PTH
     return False, "%s is in %s but the start-up module was not armed" % (PTH, ", ".join(facts["pth_in"]))
 
-
-#: What to do when the start-up hook is not active.
-FIX = ("install tpu-closure-fix into the interpreter's site-packages (pip install tpu-closure-fix, without "
-       "--target), or add `import tpu_closure_fix` at the top of the training script, or start it with "
-       "`tpu-closure-fix run -- python train.py`")

@@ -1,0 +1,137 @@
+"""Where the running copy of tpu-closure-fix came from, and the command that installs it into an interpreter.
+
+The package is not on the index (PyPI): ``pip install tpu-closure-fix`` finds nothing. What installs it is
+what the running copy was installed from, read from facts, never guessed:
+
+1. a source checkout: the folder above the package holds the project's ``pyproject.toml`` (run from a clone);
+2. the PEP 610 record pip writes into the dist-info (``direct_url.json``) when it installs from a local folder
+   (``pip install /path/to/clone``) or a wheel file: that folder or file, while it still exists;
+3. a dist-info without that record, installed by pip from an index: that index has this release.
+
+Each command names the interpreter (``PYTHON -m pip install ...``), so it installs into that interpreter's
+site-packages (never ``--target``, whose folder Python reads no start-up file from).
+"""
+import os
+import shlex
+
+#: The distribution name of this project (pyproject.toml).
+DISTRIBUTION = "tpu-closure-fix"
+#: How a reader gets a source when the running copy names none.
+CLONE = "/path/to/a/clone/of/tpu-closure-fix"
+
+
+def _package_dir():
+    return os.path.dirname(os.path.abspath(__file__))
+
+
+def _is_checkout(folder):
+    """True when ``folder`` holds this project's pyproject.toml (a clone, or an unpacked source archive)."""
+    path = os.path.join(folder, "pyproject.toml")
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except OSError:
+        return False
+    return 'name = "%s"' % DISTRIBUTION in text
+
+
+def _file_path(url):
+    """The local path of a ``file://`` URL, or None for any other URL."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(url or "")
+    if parsed.scheme != "file":
+        return None
+    return unquote(parsed.path)
+
+
+def _own_distribution(package_dir):
+    """The distribution installed beside ``package_dir`` whose files hold its ``__init__.py`` (this very copy),
+    or None."""
+    try:
+        from importlib import metadata
+
+        for dist in metadata.distributions(name=DISTRIBUTION, path=[os.path.dirname(package_dir)]):
+            located = os.path.abspath(str(dist.locate_file(os.path.join("tpu_closure_fix", "__init__.py"))))
+            if located == os.path.join(package_dir, "__init__.py"):
+                return dist
+    except Exception:  # metadata that cannot be read: nothing to say about it
+        return None
+    return None
+
+
+def source(package_dir=None):
+    """``(kind, where)`` of the running copy: ``("checkout", folder)``, ``("wheel", file)``,
+    ``("index", release)``, or ``(None, why)`` when nothing names a source that still exists."""
+    import json
+
+    package_dir = package_dir or _package_dir()
+    root = os.path.dirname(package_dir)
+    if _is_checkout(root):
+        return "checkout", root
+    dist = _own_distribution(package_dir)
+    if dist is None:
+        return None, "the copy at %s has no installation record" % package_dir
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "null")
+    except ValueError:
+        direct = None
+    if direct:
+        path = _file_path(direct.get("url"))
+        if path and "archive_info" not in direct and _is_checkout(path):
+            return "checkout", path
+        if path and path.endswith(".whl") and os.path.isfile(path):
+            return "wheel", path
+        return None, "it was installed from %s, which is gone" % direct.get("url")
+    if (dist.read_text("INSTALLER") or "").strip() == "pip":
+        return "index", dist.version
+    return None, "its installation record names no source"
+
+
+def install_command(python=None, package_dir=None):
+    """The command that installs the running copy into ``python``'s site-packages (``pip`` of the current
+    environment when None). Without a source on record: the command for a clone, with the clone's path to fill."""
+    kind, where = source(package_dir)
+    pip = "%s -m pip install" % shlex.quote(python) if python else "pip install"
+    if kind in ("checkout", "wheel"):
+        return "%s %s" % (pip, shlex.quote(where))
+    if kind == "index":
+        return "%s %s" % (pip, shlex.quote("%s==%s" % (DISTRIBUTION, where)))
+    return "%s %s" % (pip, CLONE)
+
+
+# --------------------------------------------------------------------------- the one fix an outcome names
+def startup_fix(facts):
+    """What makes the start-up hook run in the interpreter of ``facts`` (:mod:`.verify.fresh`): one step."""
+    python = facts.get("executable")
+    if (facts.get("flags") or {}).get("no_site"):
+        return ("add `import tpu_closure_fix` at the top of the training script (python -S reads no start-up "
+                "file, so only the script itself can arm the shim)")
+    origin = facts.get("shim_origin")
+    # installed in a site directory but its start-up file missing or unread: installed again, files and all
+    in_site = origin is not None and os.path.dirname(os.path.dirname(origin)) in (facts.get("site_dirs") or [])
+    command = install_command(python)
+    if in_site:
+        command = command.replace(" -m pip install ", " -m pip install --force-reinstall ", 1) if python else \
+            command.replace("pip install ", "pip install --force-reinstall ", 1)
+    return "install tpu-closure-fix into the interpreter's site-packages: `%s` (not with --target)" % command
+
+
+def site_fix(record, row=None):
+    """What puts an unprotected site's fix in place (``record``: its status record; ``row``: a call-site row of
+    it, whose distribution and releases a pin names): one step."""
+    from .config import DISABLE_VAR, ENV_VAR
+
+    reason = record.get("reason") or ""
+    if record.get("verdict") == "disabled":
+        if reason.startswith(DISABLE_VAR):
+            return "`unset %s` (or leave %s out of it)" % (DISABLE_VAR, record.get("integration") or "it")
+        if reason.startswith(ENV_VAR + "="):
+            return "`unset %s`" % ENV_VAR
+        if "disable()" in reason:
+            return "remove the call of tpu_closure_fix.disable() from the training script"
+        return "start the training script with `import tpu_closure_fix` (the shim was not enabled there)"
+    if row is None:
+        return "pin a release docs/support.md lists"
+    name = row.distribution.split(" | ")[0].split(" (")[0]
+    return "pin a release docs/support.md lists: `pip install %s`" % shlex.quote("%s%s" % (name, row.releases))
