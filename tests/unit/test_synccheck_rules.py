@@ -186,12 +186,16 @@ def test_a_difference_before_the_first_update_is_started_different_later_it_is_d
     first, _ = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[0, 0])
     assert first[0].started_different and "before the first optimizer step: the replicas started different" in \
         first[0].message()
+    # only its own causes: no update was applied yet, so no gradient reduction is named
+    assert "same seed on every replica" in first[0].message()
+    assert "did not apply the same update" not in first[0].message() and "tpu-closure-fix" not in first[0].message()
     streams = [compare.Stream("s"), compare.Stream("s")]
     same, _ = on_ranks(2, lambda r: model(), streams=streams, steps=[0, 0])
     assert same[0].outcome == "identical" and streams[0].identical_at == 0
     later, _ = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[1, 1])
     assert not later[0].started_different and later[0].identical_at == 0
     assert "between the start (identical before the first optimizer step) and step 1" in later[0].message()
+    assert "did not apply the same update" in later[0].message() and "same seed" not in later[0].message()
     still, _ = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[5, 5])
     assert "at step 5, different since step 1; identical before the first optimizer step" in still[0].message()
     assert still[0].different_since == 1 and still[0].identical_at == 0

@@ -177,12 +177,19 @@ class SyncReport(object):
         if self.nonfinite:
             extra = "; non-finite values on some replicas only, in %s" % self._listed(self.nonfinite)
         return ("SyncCheck: data-parallel replicas hold different parameters %s: %d of %d parameter tensors "
-                "differ bitwise across %d replicas%s: %s; worst %r: %s%s. The replicas did not apply the same "
-                "update (missing or misplaced gradient reduction?). Through Lightning, Lite/Fabric or "
-                "accelerate on torch_xla, check that tpu-closure-fix is enabled (tpu-closure-fix status, "
-                "TPU_CLOSURE_FIX)."
+                "differ bitwise across %d replicas%s: %s; worst %r: %s%s. %s"
                 % (self._when(), self.diverged_count, len(self.names), self.world_size, self._versions(),
-                   self._listed(self.differing), self.names[i], how, extra))
+                   self._listed(self.differing), self.names[i], how, extra, self._next_step()))
+
+    def _next_step(self):
+        """What to look at: before any update, only how the replicas were made differs (no gradient was
+        reduced yet); after updates, the reduction of the gradients."""
+        if self.started_different:
+            return ("Build the model from the same seed on every replica, or load or broadcast the same weights to "
+                    "every replica, before the first optimizer step.")
+        return ("The replicas did not apply the same update (missing or misplaced gradient reduction?). Through "
+                "Lightning, Lite/Fabric or accelerate on torch_xla, check that tpu-closure-fix is enabled "
+                "(tpu-closure-fix status, TPU_CLOSURE_FIX).")
 
     def metrics(self):
         """Numbers for a training logger (the Lightning callback logs them)."""
