@@ -12,8 +12,10 @@ so the variable means the same thing everywhere.
 A bad value of any of them gives one :class:`TPUClosureFixWarning` naming the variable, the value and the
 accepted values, and is then ignored (the default applies).
 """
+import importlib
 import logging
 import os
+import sys
 import warnings
 
 ENV_VAR = "TPU_CLOSURE_FIX"
@@ -90,7 +92,7 @@ def enabled_from_environment(environ=None):
     enabled, problem = parse_switch(raw)
     if problem is not None and raw not in _warned_values:
         _warned_values.add(raw)
-        warnings.warn(problem, TPUClosureFixWarning, stacklevel=3)
+        warnings.warn(problem, TPUClosureFixWarning, stacklevel=user_stacklevel())
     return enabled
 
 
@@ -98,7 +100,32 @@ def _warn_once(variable, raw, problem):
     """One warning per variable and distinct bad value."""
     if problem is not None and (variable, raw) not in _warned_values:
         _warned_values.add((variable, raw))
-        warnings.warn(problem, TPUClosureFixWarning, stacklevel=4)
+        warnings.warn(problem, TPUClosureFixWarning, stacklevel=user_stacklevel())
+
+
+def _machinery(filename):
+    """True for a frame of this package, of the import system, of the start-up module or of wrapt's import
+    hooks: the code between the user's import line and a warning about a switch."""
+    path = os.path.abspath(filename)
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    importlib_dir = os.path.dirname(os.path.abspath(importlib.__file__)) + os.sep
+    return (filename.startswith("<frozen importlib") or path.startswith((package, importlib_dir))
+            or os.path.basename(path) == "_tpu_closure_fix_startup.py"
+            or os.path.basename(os.path.dirname(path)) == "wrapt")
+
+
+def user_stacklevel():
+    """The ``stacklevel`` that makes a warning issued by the caller of this function point at the first frame
+    outside :func:`_machinery`: the user's ``import`` line, not the shim (the message names the variable).
+    Where every frame is machinery, the caller itself (1)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and _machinery(frame.f_code.co_filename):
+        frame = frame.f_back
+        # warnings.warn does not count the import system's bootstrap frames (warnings._is_internal_frame)
+        if frame is not None and not ("importlib" in frame.f_code.co_filename and
+                                      "_bootstrap" in frame.f_code.co_filename):
+            level += 1
+    return level if frame is not None else 1
 
 
 def _word(raw):

@@ -217,3 +217,49 @@ def test_the_module_has_no_module_among_its_globals_but_sys():
     spec.loader.exec_module(module)  # outside sys.modules: install() arms nothing
     assert sorted(k for k, v in vars(module).items() if isinstance(v, types.ModuleType)) == ["sys"]
     assert not any(isinstance(v, type) for v in vars(module).values()), "no class: the module is the finder"
+
+
+# --------------------------------------------------------------------------- where a switch's warning points
+#: Runs ``code`` from a file named train.py (as a user's script is), recording every warning it gets.
+WARNINGS_REPORT = """
+print(json.dumps([[str(w.message), w.filename, w.lineno] for w in caught]))
+"""
+WARNINGS_CODE = """
+import json, warnings
+caught = []
+warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: caught.append(
+    warnings.WarningMessage(message, category, filename, lineno))
+warnings.simplefilter("always")
+%s
+"""
+
+
+def warnings_of(tmp_path, standin, body, **variables):
+    """The warnings of a train.py whose lines are ``body``: [message, filename, lineno] each."""
+    script = tmp_path / "train.py"
+    script.write_text(WARNINGS_CODE % body + WARNINGS_REPORT)
+    path = [standin, STARTUP, REPO, sysconfig.get_paths()["purelib"]]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONSTARTUP") and not k.startswith("TPU_CLOSURE_FIX")}
+    env.update(variables, PYTHONPATH=os.pathsep.join(path))
+    proc = subprocess.run([sys.executable, "-S", str(script)], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=standin)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1]), str(script)
+
+
+BAD_SWITCHES = {"TPU_CLOSURE_FIX": "maybe", "TPU_CLOSURE_FIX_LOG": "loud", "TPU_CLOSURE_FIX_DISABLE": "nope"}
+
+
+@pytest.mark.parametrize("how, body, line", [
+    ("import tpu_closure_fix", "import tpu_closure_fix", 7),
+    ("a watched import, through the start-up module",
+     "import _tpu_closure_fix_startup as s\ns.install()\nimport torch_xla", 9),
+])
+def test_a_bad_switch_value_warns_at_the_users_import_line_naming_the_variable(tmp_path, standin, how, body, line):
+    caught, script = warnings_of(tmp_path, standin, body, **BAD_SWITCHES)
+    named = {variable: [w for w in caught if w[0].startswith(variable + "=")] for variable in BAD_SWITCHES}
+    assert all(len(found) == 1 for found in named.values()), caught
+    for message, filename, lineno in (found[0] for found in named.values()):
+        assert (filename, lineno) == (script, line), (how, message, filename, lineno)
+        assert "tpu_closure_fix" not in os.path.dirname(filename) and "importlib" not in filename
