@@ -271,7 +271,8 @@ def test_only_rank_0_warns_the_others_log_at_debug_level(verdict, caplog):
         warnings.simplefilter("always")
         step(sgd())
     assert seen == [] and synchook.seen["last_report"].diverged
-    assert [r.name for r in caplog.records] == ["tpu_closure_fix.synccheck"] * 2  # steps 0 and 1
+    debug = [r.name for r in caplog.records if r.levelno == logging.DEBUG]  # the info lines say each check ran
+    assert debug == ["tpu_closure_fix.synccheck"] * 2  # steps 0 and 1
     assert "at step 0" in caplog.text and "at step 1" in caplog.text
 
 
@@ -455,3 +456,31 @@ def test_status_line(monkeypatch):
     assert fresh._sync_check_line().startswith("zero-code sync check: NOT armed although TPU_CLOSURE_FIX_SYNC_CHECK=30")
     synchook.arm_from_environment()
     assert fresh._sync_check_line().startswith("zero-code sync check: armed, every 30 optimizer steps")
+
+
+# --------------------------------------------------------------------------- TPU_CLOSURE_FIX_LOG=info
+def test_each_check_says_its_outcome_in_one_info_line(verdict, caplog):
+    """A correct run is not silent at info level: every check logs where, what, over how many, how long."""
+    import logging
+    import re
+
+    verdict(lambda n: synccheck.SyncReport(n, 2, "torch.distributed", ["w"], [0.0], [0.0], 1e-6))
+    synchook.arm(1)
+    with caplog.at_level(logging.INFO, "tpu_closure_fix"):
+        step(sgd())
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(lines) == 2 and all(r.name.startswith("tpu_closure_fix.") for r in caplog.records), lines
+    for n, line in zip((0, 1), lines):
+        assert re.fullmatch(r"sync check at step %d: identical over 2 replicas, \d+\.\d ms" % n, line), line
+
+
+def test_a_differing_check_says_so_in_its_info_line(verdict, caplog):
+    import logging
+
+    verdict(diverged_report)
+    synchook.arm(1)
+    with caplog.at_level(logging.INFO, "tpu_closure_fix"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step(sgd())
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert lines and all(line.startswith("sync check at step ") and ": DIFFERENT (" in line for line in lines), lines

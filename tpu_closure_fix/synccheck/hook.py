@@ -27,6 +27,7 @@ divergence itself) is warned about once, disarms the check, and leaves training 
 """
 import os
 import sys
+import time
 import warnings
 import weakref
 
@@ -271,6 +272,7 @@ def _check(optimizer, stream, step):
     channel = comm.channel()
     if channel is None:  # one process, or world size 1: nothing to compare, nothing entered
         return
+    started = time.perf_counter()
     try:
         report = compare.run(optimizer, step, stream, channel=channel)
     except comm.StoodDown as exc:
@@ -286,7 +288,21 @@ def _check(optimizer, stream, step):
         _name_by_module(report, optimizer)
     seen["checks"] += 1
     seen["last_report"] = report
+    # one line per check at info level (TPU_CLOSURE_FIX_LOG=info): a correct run says that its checks ran
+    reports.logger.info("sync check at step %d: %s over %d replicas, %.1f ms", step, _said(report),
+                        report.world_size, (time.perf_counter() - started) * 1000.0)
     reports.act(report, _armed["action"], rank=channel.rank, stacklevel=_user_stacklevel())
+
+
+def _said(report):
+    """A check's outcome in a few words, for its info line (the warning, if any, says the rest)."""
+    if report.outcome in ("identical", "nonfinite"):
+        return "identical" if report.outcome == "identical" else "identical, with non-finite values"
+    if report.outcome == "structure":
+        return "DIFFERENT (the replicas hold different models)"
+    if report.diverged:
+        return "DIFFERENT (%d of %d tensors)" % (report.diverged_count, len(report.names))
+    return "not compared (%s)" % report.outcome.replace("_", " ")
 
 
 def _name_by_module(report, optimizer):
