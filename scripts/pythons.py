@@ -35,6 +35,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling download_retry.py, however loaded
+from download_retry import retry_once  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.join(REPO, ".cache", "pythons")
 MINORS = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13")
@@ -103,10 +106,12 @@ def stamp_text(minor, version):
 
 
 def pip(python, args, timeout=3600):
-    """pip in ``python`` quietly; (ok, output) with pip's harmless find-links noise left out."""
-    proc = subprocess.run([python, "-m", "pip", "--disable-pip-version-check", "--no-input"] + list(args),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True,
-                          timeout=timeout)
+    """pip in ``python`` quietly, tried once more when it fails (a transient download error); (ok, output)
+    with pip's harmless find-links noise left out."""
+    proc = retry_once(lambda: subprocess.run([python, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+                                             + list(args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                             universal_newlines=True, timeout=timeout),
+                      "pip %s" % " ".join(args[:1]), log=log)
     out = "\n".join(line for line in proc.stdout.splitlines() if "it is neither a file nor a directory" not in line)
     return proc.returncode == 0, out
 

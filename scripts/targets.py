@@ -45,6 +45,9 @@ import textwrap
 from pathlib import Path
 from typing import Dict, List, Optional
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling download_retry.py, however loaded
+from download_retry import retry_once  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_ROOT = REPO / ".cache" / "targets"
 #: Local wheel cache shared by all targets (``$TPU_CLOSURE_FIX_WHEELS`` overrides).
@@ -478,7 +481,7 @@ def fetch(name: str, force: bool = False) -> Path:
     try:
         cmd = [_python(), "-m", "pip", "wheel", "--no-deps", "--no-input", "--no-cache-dir",
                "--disable-pip-version-check", "--wheel-dir", str(tmp)] + list(TARGETS[name])
-        proc = _run(cmd)
+        proc = retry_once(lambda: _run(cmd), "fetching the wheels of target %s" % name)
         if proc.returncode != 0:
             raise TargetError("pip could not fetch the wheels of target %s (exit %d): %s\n%s"
                               % (name, proc.returncode, " ".join(cmd), proc.stderr),

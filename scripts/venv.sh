@@ -10,15 +10,19 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
+source "$REPO/scripts/retry.sh"
+quiet_pip() {  # pip install in the venv, its harmless find-links notes left out; pip's own exit status
+  "$PY" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
+    | grep -v "is ignored: it is neither a file nor a directory" >&2
+  return "${PIPESTATUS[0]}"
+}
 if ! "$PY" -c "import torch, wrapt, pytest, hypothesis, packaging" >/dev/null 2>&1; then
   echo "== installing torch 2.13.0 (CPU) and the test tools" >&2
-  "$PY" -m pip install -q --disable-pip-version-check torch==2.13.0 wrapt packaging pytest hypothesis 2>&1 \
-    | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+  retry_once quiet_pip torch==2.13.0 wrapt packaging pytest hypothesis || true
   "$PY" -c "import torch, wrapt, pytest, hypothesis, packaging" || { echo "base venv install failed" >&2; exit 1; }
 fi
 echo "== installing tpu-closure-fix from a wheel built from this checkout" >&2
-"$PY" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "$REPO" 2>&1 \
-  | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+retry_once quiet_pip --no-deps --force-reinstall "$REPO" || true
 "$PY" -c "import tpu_closure_fix" || { echo "installing tpu-closure-fix failed" >&2; exit 1; }
 export VENV PY
 export PATH="$VENV/bin:$PATH"

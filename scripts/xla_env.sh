@@ -31,6 +31,7 @@ set -euo pipefail
 unset PYTHONPATH PYTHONHOME
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$REPO/scripts/retry.sh"  # retry_once: a failed package download is tried once more
 TIER="${1:-2.1}"
 PY_BOOT="${XLA_ENV_BOOT_PYTHON:-python3}"
 
@@ -138,7 +139,7 @@ else
   export PIP_NO_INPUT=1
   REPORT="$DIR/.pip-report.json"
   log "resolving ${TORCH_PINS[*]} ${SUPPORT_PINS[*]}"
-  "${PIP[@]}" install --dry-run --quiet --report "$REPORT" "${TORCH_PINS[@]}" "${SUPPORT_PINS[@]}" >&2
+  retry_once "${PIP[@]}" install --dry-run --quiet --report "$REPORT" "${TORCH_PINS[@]}" "${SUPPORT_PINS[@]}" >&2
   # name==version of everything pip would install; the large wheels first, one pip call each
   mapfile -t LARGE < <("$DIR/bin/python" - "$REPORT" <<'PY'
 import json, re, sys
@@ -158,16 +159,16 @@ PY
   log "installing ${#LARGE[@]} large packages one at a time (free disk: $(free_gb "$DIR") GiB)"
   for pin in "${LARGE[@]}"; do
     log "  $pin"
-    "${PIP[@]}" install --no-deps --quiet "$pin" >&2
+    retry_once "${PIP[@]}" install --no-deps --quiet "$pin" >&2
   done
   log "installing ${#REST[@]} other packages (free disk: $(free_gb "$DIR") GiB)"
-  [[ ${#REST[@]} == 0 ]] || "${PIP[@]}" install --no-deps --quiet "${REST[@]}" >&2
+  [[ ${#REST[@]} == 0 ]] || retry_once "${PIP[@]}" install --no-deps --quiet "${REST[@]}" >&2
   log "checking the resolution: ${TORCH_PINS[*]} ${SUPPORT_PINS[*]} (installs nothing when complete)"
   # keep torch's own pins intact: list torch again so the resolver cannot move it
-  "${PIP[@]}" install --quiet "${TORCH_PINS[@]}" "${SUPPORT_PINS[@]}" >&2
+  retry_once "${PIP[@]}" install --quiet "${TORCH_PINS[@]}" "${SUPPORT_PINS[@]}" >&2
   rm -f "$REPORT"
   log "installing --no-deps: ${NODEPS_PINS[*]}"
-  "${PIP[@]}" install --no-deps --quiet "${NODEPS_PINS[@]}" >&2
+  retry_once "${PIP[@]}" install --no-deps --quiet "${NODEPS_PINS[@]}" >&2
   check_imports
   trap - ERR
   echo "$SPEC" > "$STAMP"
