@@ -51,3 +51,16 @@ def test_readme_shows_the_demo_picture_on_its_first_screen():
         first_screen = handle.read().split("\n## ", 1)[0]
     assert "](docs/demo.png)" in first_screen
     assert os.path.getsize(os.path.join(REPO, "docs", "demo.png")) > 10000
+
+
+def test_the_first_screen_shows_a_users_paths_not_this_machines():
+    # The sample output is what a user sees in their own venv: no path of the machine it was captured on.
+    import re
+
+    with open(os.path.join(REPO, "README.md")) as handle:
+        first_screen = handle.read().split("\n## ", 1)[0]
+    sample = re.search(r"```text\n(.*?)```", first_screen, re.S).group(1)
+    assert sample.startswith("python: /home/user/venv/bin/python ("), sample.splitlines()[0]
+    for machine in ("/work/", ".cache/", "/tmp/", "/root/"):
+        assert machine not in first_screen, machine
+    assert all(len(line) <= 120 for line in sample.splitlines())

@@ -141,3 +141,19 @@ def test_neuronx_distributed_optimizer_is_listed_as_affected_not_verifiable():
     script = _script()
     line = _line(script.build_table(_results()), "NxDOptimizer.step")
     assert "**affected, not verifiable here**" in line and "SyncCheck" in line
+
+
+def test_the_summary_says_of_each_site_the_verdict_status_prints_for_it():
+    """A site the shim patches (the torch_xla guard included: status prints ``patched`` for it) reads
+    ``patched`` in README's summary, never ``guarded`` (status's word for a framework's site that only the
+    guard covers)."""
+    from tpu_closure_fix import engine
+    from tpu_closure_fix.sites import CALL_SITES
+
+    script = _script()
+    summary = script.build_summary(_results())
+    guard = _line(summary, "`torch_xla`")
+    assert "patched" in guard and "guarded" not in guard, guard
+    for site in CALL_SITES:
+        if site.fix is not None and not site.inherits:
+            assert engine.PATCHED in script._summary_verdict(site), site.variant
