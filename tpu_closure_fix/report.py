@@ -134,9 +134,9 @@ def _cell(value):
 
 
 #: The widest a table's distribution and release cells are shown (``--json`` holds them complete).
-DISTRIBUTION_CELL, RELEASE_CELL = 30, 16
-#: The widest the verdict column is made by eliding site names (a longer reason wraps below it).
-VERDICT_ROOM = 40
+DISTRIBUTION_CELL, RELEASE_CELL = 24, 16
+#: The most room site names give up for verdicts with their reasons on the row (longer: the reasons wrap).
+VERDICT_ROOM = 36
 
 
 def render_table(records, show_all=False):
@@ -152,13 +152,17 @@ def render_table(records, show_all=False):
               _cell(r["verdict"]), _cell(r["reason"]) if r["reason"] else "") for r in rows]
     caps = [DISTRIBUTION_CELL, RELEASE_CELL]
     widths = [max([len(header[i])] + [min(len(c[i]), caps[i]) for c in cells]) for i in range(2)]
-    # room for the longest verdict with its reason, up to VERDICT_ROOM: a longer reason wraps below it
-    verdict_room = min(VERDICT_ROOM, max(len(c[3]) + (len(c[4]) + 3 if c[4] else 0) for c in cells))
+    # room for every verdict with its reason when they all fit VERDICT_ROOM; else for the verdict words only
+    # (the reasons wrap below them), so that site names keep what room there is
+    full = max(len(c[3]) + (len(c[4]) + 3 if c[4] else 0) for c in cells)
+    verdict_room = full if full <= VERDICT_ROOM else max(len(c[3]) for c in cells)
     site_cap = max(len(header[2]), WIDTH - verdict_room - sum(widths) - 6)
     widths.append(max([len(header[2])] + [min(len(c[2]), site_cap) for c in cells]))
 
     def columns(row):
-        return "  ".join(elide(cell, widths[j]).ljust(widths[j]) for j, cell in enumerate(row[:3])) + "  "
+        # the distribution cell keeps its start (the first owner named), the others both ends
+        return "  ".join(elide(cell, widths[j], keep_end=j > 0).ljust(widths[j]) for j, cell in enumerate(row[:3])) \
+            + "  "
 
     lines = [columns(header) + header[3], columns(tuple("-" * w for w in widths)) + "-" * 7]
     for row in cells:

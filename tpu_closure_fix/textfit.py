@@ -13,14 +13,17 @@ CONTINUATION = "    "
 ELLIPSIS = "..."
 
 
-def elide(text, width):
+def elide(text, width, keep_end=True):
     """``text`` itself when it fits ``width`` columns, else its start and end around :data:`ELLIPSIS`
-    (the end of a site or path name tells most, so it keeps the larger half)."""
+    (the end of a site or path name tells most, so it keeps the larger half); with ``keep_end`` false, its
+    start followed by :data:`ELLIPSIS` (a list of names, whose first one tells most)."""
     if len(text) <= width:
         return text
     if width <= len(ELLIPSIS):
         return text[:width]
     kept = width - len(ELLIPSIS)
+    if not keep_end:
+        return text[:kept] + ELLIPSIS
     head = kept // 2
     return text[:head] + ELLIPSIS + text[len(text) - (kept - head):]
 

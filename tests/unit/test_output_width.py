@@ -147,6 +147,7 @@ def test_elide_keeps_both_ends_and_the_width():
     assert textfit.elide("short", 10) == "short"
     cut = textfit.elide("abcdefghijklmnopqrstuvwxyz", 12)
     assert len(cut) == 12 and cut.startswith("abcd") and cut.endswith("vwxyz") and textfit.ELLIPSIS in cut
+    assert textfit.elide("abcdefghijklmnopqrstuvwxyz", 12, keep_end=False) == "abcdefghi" + textfit.ELLIPSIS
 
 
 def test_wrap_breaks_at_spaces_indents_continuations_and_cuts_only_overlong_words():
