@@ -279,19 +279,30 @@ def status_text(probe_dir, value, locale):
     return proc.stdout.decode("ascii"), proc.returncode
 
 
+def rows(text):
+    """The lines of a status text with each wrapped continuation (indented) joined to the line it continues."""
+    joined = []
+    for line in text.splitlines():
+        if line.startswith(" ") and joined and line.strip():
+            joined[-1] += " " + line.strip()
+        else:
+            joined.append(line)
+    return joined
+
+
 @pytest.mark.parametrize("locale", sorted(LOCALES))
 def test_a_unicode_space_in_the_switch_is_a_bad_value_under_every_locale(probe_dir, locale):
     """``$'0\\u2003'``: only ASCII whitespace is ignored, so it is not ``0`` (a UTF-8 locale used to strip
     U+2003, a C locale not; status then printed it raw and died on an ASCII stdout)."""
     text, code = status_text(probe_dir, "0\u2003", locale)
-    sites = [line for line in text.splitlines() if ".optimizer_step" in line]
+    sites = [line for line in rows(text) if ".optimizer_step" in line]
     assert code == 0 and sites and all(" patched" in line and "disabled" not in line for line in sites), text
 
 
 @pytest.mark.parametrize("locale", sorted(LOCALES))
 def test_a_line_break_in_the_switch_is_quoted_on_one_row(probe_dir, locale):
     text, code = status_text(probe_dir, "off\n", locale)
-    sites = [line for line in text.splitlines() if "disabled (" in line and not line.startswith("UNPROTECTED")]
+    sites = [line for line in rows(text) if "disabled (" in line and not line.startswith("UNPROTECTED")]
     assert code == 1 and sites, text
     assert all(line.endswith("TPU_CLOSURE_FIX='off\\n')") for line in sites), text
     assert all(line.strip() != ")" for line in text.splitlines()), text
