@@ -133,5 +133,30 @@ def site_fix(record, row=None):
         return "start the training script with `import tpu_closure_fix` (the shim was not enabled there)"
     if row is None:
         return "pin a release docs/support.md lists"
+    return "pin a release docs/support.md lists: `%s`" % pin_command(row)
+
+
+def pin_command(row):
+    """``pip install '<distribution><releases>'`` of a call-site row (its first distribution named)."""
     name = row.distribution.split(" | ")[0].split(" (")[0]
-    return "pin a release docs/support.md lists: `pip install %s`" % shlex.quote("%s%s" % (name, row.releases))
+    return "pip install %s" % shlex.quote("%s%s" % (name, row.releases))
+
+
+def newest_row(module):
+    """The row of the call-site table, among those of ``module``'s top-level package, whose releases reach
+    highest (a verified range to pin), or None when the table has none."""
+    from packaging.version import InvalidVersion, Version
+
+    from .sites import CALL_SITES
+
+    top = module.split(".")[0]
+
+    def upper(row):
+        bounds = [part.strip()[1:] for part in row.releases.split(",") if part.strip().startswith("<")]
+        try:
+            return Version(bounds[0].lstrip("=")) if bounds else Version("0")
+        except InvalidVersion:
+            return Version("0")
+
+    rows = [row for row in CALL_SITES if row.package.split(".")[0] == top]
+    return max(rows, key=upper) if rows else None

@@ -233,11 +233,13 @@ def uncovered_reason(payload):
     if not found:
         return None
     first = found[0]
+    row = install.newest_row(first["module"])
+    pin = ": `%s`" % install.pin_command(row) if row is not None else ""
     return ("%s:%d (%s:%s) holds an XLA optimizer step (the gradients reduced before the closure runs) that no "
-            "row of the call-site table covers%s: this release is not verified, nothing of it is patched. Pin a "
-            "release docs/support.md lists, or run the loop with `tpu_closure_fix.check_sync` (SyncCheck) to "
-            "detect divergence." % (first["file"], first["line"], first["module"], first["function"],
-                                    " (and %d more)" % (len(found) - 1) if len(found) > 1 else ""))
+            "row of the call-site table covers%s: this release is not verified, nothing of it is patched. Fix: pin "
+            "a release docs/support.md lists%s (meanwhile `tpu_closure_fix.check_sync`, SyncCheck, detects "
+            "divergence)." % (first["file"], first["line"], first["module"], first["function"],
+                              " (and %d more)" % (len(found) - 1) if len(found) > 1 else "", pin))
 
 
 def status_outcome(payload, error=None):

@@ -149,3 +149,14 @@ def test_a_skipped_site_names_a_pin_pip_can_read():
     assert command.startswith("pip install ")
     pin = Requirement(named_path(command))
     assert pin.name == "lightning-fabric" and "2.6.6" in pin.specifier and "2.7.0" not in pin.specifier
+
+
+def test_an_uncovered_step_names_a_pin_of_its_frameworks_newest_verified_range():
+    found = [{"file": SITE + "/pytorch_lightning/core/optimizer.py", "line": 8,
+              "module": "pytorch_lightning.core.optimizer", "function": "LightningOptimizer.__step_on_tpu"}]
+    given = {"facts": facts(startup_loaded=True, startup_armed=True, shim_origin=SITE + "/tpu_closure_fix/__init__.py",
+                            pth_in=[SITE]), "records": [record("fixed upstream")], "uncovered": found}
+    name, code, reason = report.status_outcome(given)
+    assert (name, code) == ("could not verify", 3)
+    pin = Requirement(named_path(fix_of(reason).split("`")[1]))
+    assert pin.name == "pytorch-lightning" and "2.6.6" in pin.specifier and "2.6.7" not in pin.specifier
