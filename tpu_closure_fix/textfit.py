@@ -28,17 +28,33 @@ def elide(text, width, keep_end=True):
     return text[:head] + ELLIPSIS + text[len(text) - (kept - head):]
 
 
+#: Stands for a space inside a `command` while a line is wrapped (a command is never broken across lines).
+_HELD_SPACE = "\x00"
+
+
+def _hold_commands(text):
+    """``text`` with the spaces of every `backquoted` command held (:data:`_HELD_SPACE`): one word to wrap."""
+    parts = text.split("`")
+    return "`".join(part.replace(" ", _HELD_SPACE) if i % 2 else part for i, part in enumerate(parts))
+
+
+def _release(lines):
+    return [line.replace(_HELD_SPACE, " ") for line in lines]
+
+
 def wrap(line, width=WIDTH):
-    """``line`` as lines of at most ``width`` columns: broken at spaces, continuation lines indented as the
-    line is plus :data:`CONTINUATION`; a word longer than a line (a long path) is cut where it must be."""
+    """``line`` as lines of at most ``width`` columns: broken at spaces outside `backquoted` commands,
+    continuation lines indented as the line is plus :data:`CONTINUATION`; a word or command longer than a
+    line (a long path) is cut where it must be."""
     if len(line) <= width:
         return [line]
     indent = line[:len(line) - len(line.lstrip(" "))]
     follow = indent + CONTINUATION
     if len(follow) >= width // 2:  # a deeply indented line keeps room for its words
         follow = CONTINUATION
-    return textwrap.wrap(line.lstrip(" "), width=width, initial_indent=indent, subsequent_indent=follow,
-                         break_long_words=True, break_on_hyphens=False, drop_whitespace=True) or [line[:width]]
+    return _release(textwrap.wrap(_hold_commands(line.lstrip(" ")), width=width, initial_indent=indent,
+                                  subsequent_indent=follow, break_long_words=True, break_on_hyphens=False,
+                                  drop_whitespace=True)) or [line[:width]]
 
 
 def fit(text, width=WIDTH):

@@ -162,6 +162,15 @@ def test_wrap_breaks_at_spaces_indents_continuations_and_cuts_only_overlong_word
     assert all(len(piece) <= 120 for piece in textfit.wrap("at " + long_path))
 
 
+def test_wrap_never_breaks_a_command_a_reader_copies():
+    line = "UNPROTECTED: " + "word " * 19 + "Fix: `unset TPU_CLOSURE_FIX` and `pip install /home/user/clone` then more."
+    lines = textfit.wrap(line, 120)
+    assert len(lines) > 1 and all(len(piece) <= 120 for piece in lines)
+    assert any("`unset TPU_CLOSURE_FIX`" in piece for piece in lines), lines
+    assert any("`pip install /home/user/clone`" in piece for piece in lines), lines
+    assert " ".join(" ".join(lines).split()) == line
+
+
 def test_hanging_wraps_the_last_cell_under_its_column():
     lines = textfit.hanging("a" * 40 + "  ", "b " * 80, 120)
     assert len(lines) > 1 and all(len(line) <= 120 for line in lines)
