@@ -126,6 +126,19 @@ def _unprotected_reasons(unprotected, events, graph):
     return reasons
 
 
+def _fix(unprotected, reasons):
+    """The one step that puts the first named site's fix in place (:func:`tpu_closure_fix.report.site_fix`):
+    its status record's, or for a site only a self-test found buggy, a pin of its newest row."""
+    from .report import site_fix
+
+    first = reasons[0][0]
+    for record in unprotected:
+        if "%s:%s" % (record["module"], record["method"]) == first:
+            return site_fix(record)
+    module, _, method = first.partition(":")
+    return site_fix({"module": module, "method": method, "verdict": "buggy order", "reason": ""})
+
+
 def _not_verified_reasons(events, graph, graph_unavailable, import_failures=()):
     reasons = [("%s:%s" % (r["module"], r["method"]),
                 "%s:%s cannot be imported (%s)" % (r["module"], r["method"], r["reason"])) for r in import_failures]
@@ -185,7 +198,8 @@ def decide(unprotected, events, graph, graph_unavailable=None, installed=None, s
     reasons = _unprotected_reasons(unprotected, events, graph)
     # 2. A site runs the buggy code, or a self-test saw the buggy order.
     if reasons:
-        return Outcome(UNPROTECTED, EXIT_CODES[UNPROTECTED], "UNPROTECTED: " + _first_and_more(reasons) + ".")
+        return Outcome(UNPROTECTED, EXIT_CODES[UNPROTECTED], "UNPROTECTED: %s. Fix: %s." % (
+            _first_and_more(reasons), _fix(unprotected, reasons)))
     # 3. An installed framework holds an XLA optimizer step no row covers: no verdict on it.
     if uncovered:
         return Outcome(NOT_VERIFIED, EXIT_CODES[NOT_VERIFIED], "COULD NOT VERIFY: " + uncovered)

@@ -67,26 +67,33 @@ def test_protected_without_graph_says_the_graph_was_not_checked(graph, why):
     assert out.reason.endswith("event order right; XLA graph not checked (%s)." % why)
 
 
+#: The fix a site only a self-test found buggy names: a pin of its newest row (the code in place is not the
+#: one a verified release runs).
+PIN = "Fix: pin a release docs/support.md lists: `pip install 'lightning-fabric>=2.1.0,<2.6.7'`."
+
+
 def test_unprotected_names_the_disabled_site_and_why():
     out = check.decide([record(FABRIC, "disabled", "TPU_CLOSURE_FIX=0")],
                        events_of(event_site(FABRIC, "disabled", BUGGY_ORDER, ok=False)), None)
     assert (out.name, out.exit_code) == ("unprotected", 1)
     assert out.reason.startswith("UNPROTECTED: %s runs the buggy order (disabled: TPU_CLOSURE_FIX=0)" % FABRIC)
     assert " more)" not in out.reason  # the self-test's finding on the same site counts once
+    assert out.reason.endswith(". Fix: `unset TPU_CLOSURE_FIX`.")  # the one step that puts the fix in place
 
 
 def test_unprotected_when_the_self_test_sees_the_buggy_order_on_a_patched_site():
     out = check.decide([], events_of(event_site(FABRIC, "patched", BUGGY_ORDER, ok=False)), None)
     assert out.name == "unprotected" and out.exit_code == 1
     assert out.reason == ("UNPROTECTED: %s: the event-order self-test saw the gradients reduced before the "
-                          "backward (reduce_gradients(no grads) > forward > backward > step > mark_step)." % FABRIC)
+                          "backward (reduce_gradients(no grads) > forward > backward > step > mark_step). %s"
+                          % (FABRIC, PIN))
 
 
 def test_unprotected_when_the_graph_holds_no_all_reduce():
     out = check.decide([], events_of(event_site(FABRIC)), graph_of({FABRIC: graph_site(0, False, False)}))
     assert (out.name, out.exit_code) == ("unprotected", 1)
     assert out.reason == ("UNPROTECTED: %s: the traced XLA step holds 0 all-reduce(s), from the backward: False, "
-                          "feeding the update: False." % FABRIC)
+                          "feeding the update: False. %s" % (FABRIC, PIN))
 
 
 def test_graph_that_raised_is_could_not_verify_with_the_exception_line():
