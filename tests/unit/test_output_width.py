@@ -175,3 +175,15 @@ def test_hanging_wraps_the_last_cell_under_its_column():
     lines = textfit.hanging("a" * 40 + "  ", "b " * 80, 120)
     assert len(lines) > 1 and all(len(line) <= 120 for line in lines)
     assert all(line.startswith(" " * 42 + "b") for line in lines[1:])
+
+
+def test_a_table_keeps_short_reasons_on_their_rows_and_long_ones_below_full_site_names():
+    short = [record("disabled", FABRIC, "TPU_CLOSURE_FIX=0", distribution="lightning-fabric", release="2.6.6"),
+             record("patched", LONGEST, distribution="pytorch-lightning", release="1.8.6")]
+    lines = report.render_table(short).splitlines()
+    assert len(lines) == 4 and lines[2].endswith("disabled (TPU_CLOSURE_FIX=0)"), lines
+    long = [record("skipped", FABRIC, LONG_REASON, distribution="lightning-fabric", release="2.6.6")]
+    lines = report.render_table(long).splitlines()
+    assert "%s:%s  skipped" % FABRIC in lines[2], lines  # the site is not elided; the reason wraps below
+    assert " ".join(" ".join(lines[2:]).split()).endswith("skipped (%s)" % LONG_REASON)
+    assert len(lines) > 3 and all(len(line) <= WIDTH for line in lines), lines
