@@ -140,8 +140,9 @@ VERDICT_ROOM = 36
 
 
 def render_table(records, show_all=False):
-    """The site table, every line at most :data:`textfit.WIDTH` columns: long distribution, release and site
-    cells are elided in the middle, a verdict's reason wraps in its column."""
+    """The site table, every line at most :data:`textfit.WIDTH` columns: a long distribution cell is cut at its
+    end, long release and site cells in the middle; a verdict's reason stays on its row when every one fits
+    :data:`VERDICT_ROOM`, else wraps below it (``--json`` holds every value complete)."""
     from .textfit import WIDTH, elide, hanging
 
     rows = [r for r in records if show_all or r["verdict"] not in (engine.NOT_INSTALLED, engine.ABSENT)]

@@ -474,6 +474,18 @@ def test_each_check_says_its_outcome_in_one_info_line(verdict, caplog):
         assert re.fullmatch(r"sync check at step %d: identical over 2 replicas, \d+\.\d ms" % n, line), line
 
 
+def test_an_info_line_says_how_many_tensors_it_did_not_compare(verdict, caplog):
+    import logging
+
+    verdict(lambda n: synccheck.SyncReport(n, 2, "torch.distributed", ["w"], [0.0], [0.0], 1e-6,
+                                           not_compared=[("shard", "sharded over the replicas")]))
+    synchook.arm(1)
+    with caplog.at_level(logging.INFO, "tpu_closure_fix"):
+        step(sgd())
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert lines and all(": identical (1 tensors not compared) over 2 replicas" in line for line in lines), lines
+
+
 def test_a_differing_check_says_so_in_its_info_line(verdict, caplog):
     import logging
 
