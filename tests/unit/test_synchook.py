@@ -483,7 +483,7 @@ def test_an_info_line_says_how_many_tensors_it_did_not_compare(verdict, caplog):
     with caplog.at_level(logging.INFO, "tpu_closure_fix"):
         step(sgd())
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-    assert lines and all(": identical (1 tensors not compared) over 2 replicas" in line for line in lines), lines
+    assert lines and all(": identical (1 tensor not compared) over 2 replicas" in line for line in lines), lines
 
 
 def test_a_differing_check_says_so_in_its_info_line(verdict, caplog):

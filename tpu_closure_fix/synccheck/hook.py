@@ -298,7 +298,8 @@ def _said(report):
     """A check's outcome in a few words, for its info line (the warning, if any, says the rest)."""
     if report.outcome in ("identical", "nonfinite"):
         # never "identical" about a tensor it did not compare
-        left_out = " (%d tensors not compared)" % len(report.not_compared) if report.not_compared else ""
+        count = len(report.not_compared)
+        left_out = " (%d tensor%s not compared)" % (count, "" if count == 1 else "s") if count else ""
         return ("identical" if report.outcome == "identical" else "identical, with non-finite values") + left_out
     if report.outcome == "structure":
         return "DIFFERENT (the replicas hold different models)"
