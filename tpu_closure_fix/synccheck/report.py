@@ -156,9 +156,9 @@ class SyncReport(object):
             within = "in the replica group of ranks %s: " % rank_ranges(self.group)
         return " (%s%s)" % (within, "; ".join(parts))
 
-    def _who(self):
-        """``SyncCheck`` and, when known, what it compared: ``SyncCheck (Adam over generator.fc.weight, ...)``."""
-        return "SyncCheck (%s)" % self.stream if self.stream else "SyncCheck"
+    def _of(self):
+        """What the check compared, when known: `` of Adam over generator.fc.weight, ...`` (else nothing)."""
+        return " of %s" % self.stream if self.stream else ""
 
     def _not_compared_note(self):
         if not self.not_compared:
@@ -169,22 +169,22 @@ class SyncReport(object):
 
     def message(self):
         if self.outcome == "out_of_step":
-            return ("%s: the replicas reached this check at different steps (%s); the check stands down "
-                    "rather than compare different steps." % (self._who(), self.reason))
+            return ("SyncCheck: the replicas%s reached this check at different steps (%s); the check stands down "
+                    "rather than compare different steps." % (self._of(), self.reason))
         if self.outcome == "unverified":
-            return "%s could not compare the replicas at %s: %s%s." % (self._who(), _at(self.step), self.reason,
-                                                                       self._not_compared_note())
+            return "SyncCheck could not compare the replicas%s at %s: %s%s." % (self._of(), _at(self.step),
+                                                                                self.reason, self._not_compared_note())
         if self.outcome == "structure":
-            return ("%s: data-parallel replicas hold different models %s (%d replicas): %s. Every replica "
+            return ("SyncCheck: data-parallel replicas hold different models%s %s (%d replicas): %s. Every replica "
                     "must build the same model: the same parameter tensors, shapes and dtypes in the same order."
-                    % (self._who(), self._when(), self.world_size, self.structure))
+                    % (self._of(), self._when(), self.world_size, self.structure))
         if self.outcome == "nonfinite":
-            return ("%s: parameters hold non-finite values (NaN/inf) at %s, bitwise the same on "
+            return ("SyncCheck: parameters%s hold non-finite values (NaN/inf) at %s, bitwise the same on "
                     "all %d replicas: the replicas agree (not a divergence), the training itself produced "
-                    "them: %s." % (self._who(), _at(self.step), self.world_size, self._listed(self.nonfinite)))
+                    "them: %s." % (self._of(), _at(self.step), self.world_size, self._listed(self.nonfinite)))
         if self.outcome == "identical":
-            return ("%s: all %d parameter tensors bitwise identical on all %d replicas at %s%s."
-                    % (self._who(), len(self.names), self.world_size, _at(self.step), self._not_compared_note()))
+            return ("SyncCheck: all %d parameter tensors%s bitwise identical on all %d replicas at %s%s."
+                    % (len(self.names), self._of(), self.world_size, _at(self.step), self._not_compared_note()))
         i = self.worst_index
         how = ("value-sum spread %.3g, relative divergence %.3g" % (self.spread[i], self.divergence[i])
                if self.spread[i] else "equal value sums: a sum-preserving difference, e.g. compensating "
@@ -192,12 +192,12 @@ class SyncReport(object):
         extra = ""
         if self.nonfinite:
             extra = "; non-finite values on some replicas only, in %s" % self._listed(self.nonfinite)
-        return ("%s: data-parallel replicas hold different parameters %s: %d of %d parameter tensors "
+        return ("SyncCheck: data-parallel replicas hold different parameters %s: %d of %d parameter tensors%s "
                 "differ bitwise across %d replicas%s: %s; worst %r: %s%s. The replicas did not apply the same "
                 "update (missing or misplaced gradient reduction?). Through Lightning, Lite/Fabric or "
                 "accelerate on torch_xla, check that tpu-closure-fix is enabled (tpu-closure-fix status, "
                 "TPU_CLOSURE_FIX)."
-                % (self._who(), self._when(), self.diverged_count, len(self.names), self.world_size, self._versions(),
+                % (self._when(), self.diverged_count, len(self.names), self._of(), self.world_size, self._versions(),
                    self._listed(self.differing), self.names[i], how, extra))
 
     def metrics(self):
