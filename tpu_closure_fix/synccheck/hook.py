@@ -307,8 +307,10 @@ def _check(optimizer, stream, step):
         stream.stood_down = str(exc)
         if exc.broken:
             disarm()
+        # the stream's key is for the ranks; the user knows the optimizer by its class and its parameters
+        said = str(exc).replace("(%s/" % stream.key, "(check #")
         _warn_once(("stood down", str(exc)), "tpu-closure-fix: the zero-code sync check stands down for %s "
-                   "at step %d: %s. Training goes on." % (_label(optimizer), step, exc),
+                   "at step %d: %s. Training goes on." % (_label(optimizer), step, said),
                    stacklevel=_user_stacklevel())
         return
     if report.outcome == "out_of_step":
