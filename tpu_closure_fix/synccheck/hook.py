@@ -310,7 +310,7 @@ def _check(optimizer, stream, step):
         # the stream's key is for the ranks; the user knows the optimizer by its class and its parameters
         said = str(exc).replace("(%s/" % stream.key, "(check #")
         _warn_once(("stood down", str(exc)), "tpu-closure-fix: the zero-code sync check stands down for %s "
-                   "at step %d: %s. Training goes on." % (_label(optimizer), step, said),
+                   "at step %d: %s. Training goes on." % (_label(optimizer, stream), step, said),
                    stacklevel=_user_stacklevel())
         return
     if report.outcome == "out_of_step":
@@ -318,17 +318,17 @@ def _check(optimizer, stream, step):
     if compare.nothing_left(report):  # every tensor found not to be a replica: no later check would compare any
         stream.stood_down = report.reason
     if report.outcome != "identical":
-        _name_by_module(report, optimizer)
+        _name_by_module(report, optimizer, stream)
     seen["checks"] += 1
     seen["last_report"] = report
     reports.act(report, _armed["action"], rank=channel.rank, stacklevel=_user_stacklevel())
 
 
-def _label(optimizer):
+def _label(optimizer, stream=None):
     """The optimizer as the user knows it: its class and its parameters' module paths, with the class of the
     module holding them (``SGD over generator.fc.weight, generator.fc.bias (in GAN)``)."""
     try:
-        by_old, holders = _module_paths(optimizer)
+        by_old, holders = _module_paths(optimizer, stream)
         paths = [by_old.get(name, name) for name, _ in _listed(optimizer)]
     except Exception:  # naming is a courtesy: the stream's key still says which one
         return type(optimizer).__name__
@@ -337,12 +337,12 @@ def _label(optimizer):
     return "%s over %s%s" % (type(optimizer).__name__, shown or "no parameters", within)
 
 
-def _name_by_module(report, optimizer):
+def _name_by_module(report, optimizer, stream=None):
     """Replace ``param_groups[g][i]`` names by module paths (``encoder.layers.3.weight``), looking for the
     modules that hold the optimizer's parameters (only when something is reported), and say which optimizer
     the report is about (``report.stream``)."""
-    by_old, holders = _module_paths(optimizer)
-    report.stream = _label(optimizer)
+    by_old, _ = _module_paths(optimizer, stream)
+    report.stream = _label(optimizer, stream)
     paths = [by_old.get(n, n) for n in report.names]
     taken = {}
     for path in paths:
@@ -352,9 +352,19 @@ def _name_by_module(report, optimizer):
     report.not_compared = [(by_old.get(n, n), reason) for n, reason in report.not_compared]
 
 
-def _module_paths(optimizer):
+def _module_paths(optimizer, stream=None):
     """({``param_groups[g][i]``: module path}, {class names of the modules naming them}): the module holding
-    most parameters (the model itself) names each parameter."""
+    most parameters (the model itself) names each parameter. Kept on ``stream`` for its later reports: a
+    search of the live objects once per optimizer, not at every check that says something."""
+    paths = getattr(stream, "module_paths", None)
+    if paths is None:
+        paths = _search_module_paths(optimizer)
+        if stream is not None:
+            stream.module_paths = paths
+    return paths
+
+
+def _search_module_paths(optimizer):
     import gc
 
     import torch
