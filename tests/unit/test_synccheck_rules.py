@@ -678,3 +678,11 @@ def test_3000_steps_from_each_of_two_threads_are_all_counted():
     finally:
         hook.disarm()
     assert counts == [3000, 3000]
+
+
+@pytest.mark.parametrize("names, rule, left", [(["w"], groups.RULE_APART, False), (["w", "d"], groups.RULE_APART, True),
+                                               (["w"], None, True), (["w"], groups.RULE_WORLD, True)])
+def test_a_stream_stops_only_when_the_first_check_rule_took_every_tensor_out(names, rule, left):
+    said = report.SyncReport(0, 2, "threads", names, outcome="unverified", reason="r", rule=rule,
+                             not_compared=[("w", groups.APART)])
+    assert compare.nothing_left(said) is (not left)
