@@ -686,3 +686,11 @@ def test_a_stream_stops_only_when_the_first_check_rule_took_every_tensor_out(nam
     said = report.SyncReport(0, 2, "threads", names, outcome="unverified", reason="r", rule=rule,
                              not_compared=[("w", groups.APART)])
     assert compare.nothing_left(said) is (not left)
+
+
+@pytest.mark.parametrize("kind, undecided", [("xla", set()), ("threads", {0}), ("torch.distributed", {0})])
+def test_on_xla_without_a_process_group_the_replicas_of_the_step_are_the_layout(kind, undecided, monkeypatch):
+    monkeypatch.setattr(groups, "ddp_groups", lambda named: {})
+    channel = types.SimpleNamespace(kind=kind, rank=0, size=2)
+    layout = compare.Stream("s", groups.AUTO).layout([("w", torch.zeros(2))], channel)
+    assert layout.undecided == undecided
