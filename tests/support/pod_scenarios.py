@@ -549,7 +549,8 @@ def gan(ctx):
 
 
 SCENARIOS = {"pipeline": pipeline, "zero": zero, "ddp-groups": ddp_groups, "fsdp2": fsdp2, "scale": scale,
-             "kinds": kinds, "gan": gan, "probe": probe, "probe-optimizer": probe_optimizer, "plain": plain, "seeded": seeded,
+             "kinds": kinds, "gan": gan, "probe": probe, "probe-optimizer": probe_optimizer, "plain": plain,
+             "seeded": seeded,
              "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,
              "killed": killed, "four": four, "fsdp": fsdp}
 
