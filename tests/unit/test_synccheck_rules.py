@@ -694,3 +694,16 @@ def test_on_xla_without_a_process_group_the_replicas_of_the_step_are_the_layout(
     channel = types.SimpleNamespace(kind=kind, rank=0, size=2)
     layout = compare.Stream("s", groups.AUTO).layout([("w", torch.zeros(2))], channel)
     assert layout.undecided == undecided
+
+
+@pytest.mark.parametrize("call", [lambda: compare.compare_replicas(model(), replicas="all"),
+                                  lambda: compare.check_sync(model(), 3, replicas=[[0, 1], [1]])])
+def test_a_bad_declaration_is_refused_by_the_api_with_the_accepted_values(call):
+    with pytest.raises(ValueError, match="accepted|must be"):
+        call()
+
+
+def test_the_api_hands_its_declaration_to_the_stream():
+    tensors = torch.nn.Linear(2, 2)
+    assert compare._stream_of(tensors, [[0, 1]]).replicas == [[0, 1]]
+    assert compare._stream_of(tensors).replicas == groups.WORLD
