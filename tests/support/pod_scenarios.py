@@ -396,7 +396,161 @@ def fsdp(ctx):
                                             "stood_down": stream.stood_down}
 
 
-SCENARIOS = {"probe": probe, "probe-optimizer": probe_optimizer, "plain": plain, "seeded": seeded,
+def pipeline(ctx):
+    """(m) Pipeline parallelism on 2 ranks: rank 0 holds stage 0, rank 1 stage 1, layers of the same shapes
+    (seeded per stage: they differ by design); activations and their gradients go point to point. Three
+    correct steps, each stage's optimizer stepping its own stage."""
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(100 + ctx.rank)
+    stage = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+    optimizer = torch.optim.SGD(stage.parameters(), lr=0.1)
+    for step in range(1, 4):
+        x, y = batch(0, step)
+        optimizer.zero_grad()
+        if ctx.rank == 0:
+            out = stage(x)
+            dist.send(out.detach(), 1)
+            grad = torch.empty_like(out)
+            dist.recv(grad, 1)
+            out.backward(grad)
+        else:
+            inp = torch.empty(16, 8)
+            dist.recv(inp, 0)
+            inp.requires_grad_(True)
+            torch.nn.functional.mse_loss(stage(inp)[:, :4], y).backward()
+            dist.send(inp.grad, 0)
+        optimizer.step()
+        ctx.result["steps"] = step
+
+
+def zero(ctx):
+    """(n) A ZeRO-1 style optimizer on 2 ranks: the model replicated, gradients all-reduced, an inner Adam
+    stepping this rank's own flat shard of the parameters (equal sizes), the shards all-gathered back into
+    the model. Three correct steps."""
+    import torch
+    import torch.distributed as dist
+
+    model = make_model(0)
+    params = list(model.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    size = flat.numel() // ctx.world
+    shard = torch.nn.Parameter(flat[ctx.rank * size:(ctx.rank + 1) * size].clone())
+    inner = torch.optim.Adam([shard], lr=0.01)
+    for step in range(1, 4):
+        model.zero_grad()
+        torch.nn.functional.mse_loss(model(batch(ctx.rank, step)[0]), batch(ctx.rank, step)[1]).backward()
+        all_reduce_grads(params, ctx.world)
+        grads = torch.cat([p.grad.reshape(-1) for p in params])
+        shard.grad = grads[ctx.rank * size:(ctx.rank + 1) * size].clone()
+        inner.step()
+        pieces = [torch.empty(size) for _ in range(ctx.world)]
+        dist.all_gather(pieces, shard.detach())
+        merged = torch.cat(pieces)
+        with torch.no_grad():
+            offset = 0
+            for p in params:
+                n = min(p.numel(), max(0, merged.numel() - offset))
+                p.view(-1)[:n].copy_(merged[offset:offset + n])
+                offset += n
+        ctx.result["steps"] = step
+
+
+def ddp_groups(ctx):
+    """(o) DDP on the subgroups {0, 1} and {2, 3} (``process_group=``), each subgroup training on its own data:
+    the subgroups differ by design, the ranks of one agree. Three steps (the zero-code check runs when armed),
+    ``compare_replicas`` of the DDP module and of copies of its parameters (no DDP holds them: no evidence of
+    the subgroups), then rank 3 changes a weight."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from tpu_closure_fix import compare_replicas
+
+    subgroups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    model = DistributedDataParallel(make_model(0), process_group=subgroups[ctx.rank // 2])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1, 4):
+        train_step(model, optimizer, *batch(ctx.rank // 2, step), reduce=False, world=ctx.world)
+    ctx.keep(compare_replicas(model), "agree")
+    ctx.keep(compare_replicas({n: p.detach().clone() for n, p in model.named_parameters()}), "copies")
+    if ctx.rank == 3:
+        with torch.no_grad():
+            model.module[2].weight[0, 0] += 1e-3
+    ctx.keep(compare_replicas(model), "changed")
+
+
+def fsdp2(ctx):
+    """(p) FSDP2 ``fully_shard`` over 2 ranks and a ``[Shard(0)]`` DTensor: every tensor a shard of its own."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from tpu_closure_fix import compare_replicas
+
+    model = make_model(0)
+    fully_shard(model)
+    ctx.result["types"] = sorted({type(p).__name__ for p in model.parameters()})
+    ctx.keep(compare_replicas(model), "fully-shard")
+    mesh = init_device_mesh("cpu", (ctx.world,))
+    w = distribute_tensor(torch.randn(4, 6, generator=torch.Generator().manual_seed(0)), mesh, [Shard(0)])
+    ctx.keep(compare_replicas({"w": w}), "shard0")
+
+
+def scale(ctx):
+    """(q) 20,000 tiny tensors, every one different on each rank."""
+    import torch
+
+    from tpu_closure_fix import compare_replicas
+
+    named = [("t%d" % k, torch.full((2,), float(ctx.rank))) for k in range(20000)]
+    ctx.keep(compare_replicas(named), "all-differ")
+
+
+def kinds(ctx):
+    """(r) One sparse and three dense tensors (agreeing, then rank 1 changes a dense one); a meta tensor alone."""
+    import torch
+
+    from tpu_closure_fix import compare_replicas
+
+    dense = make_model(0)
+    named = [("embedding.weight", torch.eye(4).to_sparse())] + list(dense.named_parameters())[:3]
+    ctx.keep(compare_replicas(named), "sparse-agree")
+    if ctx.rank == 1:
+        with torch.no_grad():
+            dense[0].bias[0] += 1.0
+    ctx.keep(compare_replicas(named), "sparse-changed")
+    ctx.keep(compare_replicas({"w": torch.zeros(3, device="meta")}), "meta")
+
+
+def gan(ctx):
+    """(s) Two optimizers over models of the same shapes (a GAN's generator and discriminator); the
+    discriminator's gradients are not all-reduced (``--variant twin``: they are): it alone diverges."""
+    import torch
+
+    class GAN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.generator = torch.nn.Sequential()
+            self.generator.add_module("fc", torch.nn.Linear(4, 4))
+            self.discriminator = torch.nn.Sequential()
+            self.discriminator.add_module("fc", torch.nn.Linear(4, 4))
+
+    net = GAN()
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (net.generator, net.discriminator)]
+    for step in range(1, 3):
+        for module, optimizer, reduce in zip((net.generator, net.discriminator), optimizers,
+                                             (True, ctx.variant == "twin")):
+            x, y = batch(ctx.rank, step)
+            train_step(module, optimizer, x[:, :4], y, reduce=reduce, world=ctx.world)
+
+
+SCENARIOS = {"pipeline": pipeline, "zero": zero, "ddp-groups": ddp_groups, "fsdp2": fsdp2, "scale": scale,
+             "kinds": kinds, "gan": gan, "probe": probe, "probe-optimizer": probe_optimizer, "plain": plain,
+             "seeded": seeded,
              "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,
              "killed": killed, "four": four, "fsdp": fsdp}
 

@@ -243,4 +243,4 @@ def test_the_callback_raise_option_raises_at_the_first_check(monkeypatch):
 def test_the_callback_repr_and_pickle_arguments():
     cb = _Probe(every=7, tolerance=0.5, on_divergence="raise", check_at_end=False)
     assert repr(cb) == "SyncCheck(every=7, tolerance=0.5, on_divergence='raise')"
-    assert cb.__reduce__() == (callback.SyncCheck, (7, 0.5, "raise", False))
+    assert cb.__reduce__() == (callback.SyncCheck, (7, 0.5, "raise", False, "world"))

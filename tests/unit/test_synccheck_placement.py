@@ -131,3 +131,133 @@ def test_fsdp_handles_finds_the_handle_of_a_flat_parameter_and_of_a_view_into_it
     held.flat_param = flat_param
     found = groups.fsdp_handles([("flat", flat_param), ("view", view), ("other", torch.zeros(1))])
     assert found == {id(flat_param): (held, None), id(view): (held, None)}
+
+
+# ---- what cannot be fingerprinted: listed, never an exception ---------------------------------------------
+
+def test_a_meta_tensor_is_not_compared():
+    assert groups.placement(torch.zeros(3, device="meta"), 0) == groups.META
+
+
+def test_a_sparse_tensor_is_not_compared_and_its_dense_twin_is():
+    dense = torch.eye(3)
+    assert groups.placement(dense.to_sparse(), 0) == groups.SPARSE
+    assert isinstance(groups.placement(dense, 0), groups.Placement)
+
+
+# ---- rule 1: a DTensor with no Replicate dimension has no replica ------------------------------------------
+
+def dtensor(placements, mesh_shape, coordinate):
+    """A stand-in DTensor: the class name, mesh and placements the rule reads."""
+    mesh = types.SimpleNamespace(mesh=torch.arange(int(torch.tensor(mesh_shape).prod())).reshape(mesh_shape),
+                                 get_coordinate=lambda: coordinate)
+    kinds = [type(p, (object,), {"__str__": lambda self, p=p: p + "()"})() for p in placements]
+    local = torch.zeros(2)
+    DTensor = type("DTensor", (object,), {"shape": (4,), "dtype": torch.float32, "device_mesh": mesh,
+                                          "placements": kinds, "to_local": lambda self: local})
+    return DTensor()
+
+
+@pytest.mark.parametrize("placements, shape", [(["Shard"], (2,)), (["Shard", "Shard"], (2, 2)),
+                                               (["Partial"], (4,))])
+def test_a_dtensor_with_no_replicate_dimension_is_not_compared(placements, shape):
+    where = groups.placement(dtensor(placements, shape, [0] * len(shape)), 0)
+    assert isinstance(where, str) and where.startswith("a DTensor shard with no Replicate dimension")
+
+
+def test_twin_a_dtensor_replicated_over_one_dimension_is_compared_over_it():
+    where = groups.placement(dtensor(["Replicate", "Shard"], (2, 2), [1, 0]), 2)
+    assert isinstance(where, groups.Placement)
+    assert (where.coordinates, where.coordinate) == (2, 0)
+
+
+# ---- a group known by its ranks (DDP's process group, the user's declaration) -----------------------------
+
+def test_a_group_spanning_the_world_is_the_world():
+    where = groups._ranks_placement(torch.zeros(2), (3, 1, 0, 2), 1, 4)
+    assert (where.pattern, where.coordinates, where.coordinate, where.declared) == (("world",), 1, 0, True)
+
+
+@pytest.mark.parametrize("group, rank, coordinate", [((2, 3), 3, 2), ((1, 0), 0, 0), ((0, 1), 3, None)])
+def test_a_subgroup_gets_the_lane_of_its_lowest_rank(group, rank, coordinate):
+    where = groups._ranks_placement(torch.zeros(2), group, rank, 4)
+    assert (where.pattern, where.coordinates, where.coordinate) == (("ranks", 4), 4, coordinate)
+
+
+def test_a_group_of_one_rank_is_not_compared():
+    assert groups._ranks_placement(torch.zeros(2), (3,), 3, 4) == \
+        "no other rank holds it: its replica group is rank 3 alone"
+
+
+def test_a_neuron_group_of_one_rank_is_not_compared():
+    where = groups.placement(torch.zeros(2), 1, neuron_groups=((0,), (1,)))
+    assert where == "no other rank holds it: its data-parallel replica group is rank 1 alone"
+
+
+# ---- placement(): the order of the evidence -----------------------------------------------------------------
+
+def test_a_ddp_group_decides_before_the_users_declaration():
+    where = groups.placement(torch.zeros(2), 2, world=4, ddp_group=(2, 3), declared=(0, 1, 2, 3))
+    assert (where.pattern, where.coordinate) == (("ranks", 4), 2)
+
+
+def test_a_declared_group_places_a_plain_tensor():
+    where = groups.placement(torch.zeros(2), 1, world=4, declared=(0, 1))
+    assert (where.pattern, where.coordinate, where.declared) == (("ranks", 4), 0, True)
+
+
+@pytest.mark.parametrize("declared, rule, placed", [
+    (groups.WORLD, None, True), (groups.AUTO, None, False), (groups.AUTO, groups.RULE_WORLD, True),
+    (groups.WORLD, groups.RULE_APART, True)])
+def test_the_world_is_declared_unless_auto_has_not_decided_yet(declared, rule, placed):
+    where = groups.placement(torch.zeros(2), 0, declared=declared, rule=rule)
+    assert (where.pattern, where.declared) == (("world",), placed)
+
+
+def test_auto_after_a_first_check_that_differed_is_not_compared():
+    assert groups.placement(torch.zeros(2), 0, declared=groups.AUTO, rule=groups.RULE_APART) == groups.APART
+
+
+def test_the_layout_lists_the_undecided_tensors():
+    named = [("w", torch.zeros(2)), ("d", dtensor(["Replicate"], (2,), [0]))]
+    assert groups.Layout(named, 0, declared=groups.AUTO, world=2).undecided == {0}
+    assert groups.Layout(named, 0, declared=groups.WORLD, world=2).undecided == set()
+
+
+# ---- the user's declaration ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("replicas", ["auto", "world", [[0, 1], [2, 3]], ((0,), (1, 2))])
+def test_accepted_declarations(replicas):
+    groups.check_replicas(replicas)
+
+
+@pytest.mark.parametrize("replicas, said", [("all", "replicas must be"), ([], "replicas must be"),
+                                            ([[0, 1], [1, 2]], "a rank is in two groups"),
+                                            ([[0, True]], "replicas must be"), ([[0, -1]], "replicas must be"),
+                                            ([0, 1], "replicas must be")])
+def test_refused_declarations_name_the_accepted_values(replicas, said):
+    with pytest.raises(ValueError) as info:
+        groups.check_replicas(replicas)
+    assert said in str(info.value) and groups.ACCEPTED in str(info.value)
+
+
+@pytest.mark.parametrize("replicas, rank, declared", [(None, 0, "auto"), ("world", 2, "world"),
+                                                      ([[0, 1], [3, 2]], 2, (2, 3)), ([[0, 1]], 3, ())])
+def test_the_declaration_of_this_rank(replicas, rank, declared):
+    assert groups.declaration(replicas, rank) == declared
+
+
+def test_ddp_groups_finds_the_parameters_of_a_live_ddp_module(monkeypatch):
+    import sys
+
+    DistributedDataParallel = type("DistributedDataParallel", (object,), {})
+    ddp = DistributedDataParallel()
+    ddp.module, ddp.process_group = torch.nn.Linear(2, 2), "subgroup"
+    dist = types.SimpleNamespace(get_process_group_ranks=lambda g: [3, 2] if g == "subgroup" else [],
+                                 get_world_size=lambda: 4)
+    monkeypatch.setitem(sys.modules, "torch.nn.parallel.distributed",
+                        types.SimpleNamespace(DistributedDataParallel=DistributedDataParallel))
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    other = torch.zeros(1)
+    found = groups.ddp_groups([("w", ddp.module.weight), ("o", other)])
+    assert found == {id(ddp.module.weight): (2, 3)}

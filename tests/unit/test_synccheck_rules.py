@@ -524,3 +524,190 @@ def test_forgotten_keys_leave_the_store():
     assert store.add(arrived, 0) == 2  # only rank 0 deletes
     channels[0].forget("s/0")
     assert store.add(arrived, 0) == 0  # gone (adding 0 makes it anew at 0)
+
+
+# --------------------------------------------------------------------------- no declared layout: the first check
+def _streams(size, replicas):
+    return [compare.Stream("s", replicas) for _ in range(size)]
+
+
+def test_auto_a_difference_at_the_first_check_is_said_once_never_a_divergence():
+    streams = _streams(2, groups.AUTO)
+    first, _ = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[0, 0])
+    assert first[0].outcome == "unverified" and not first[0].diverged and first[0].rule == groups.RULE_APART
+    assert "3 parameter tensors differ before the first update: replicas that started different, or tensors " \
+           "that are not replicas by design (pipeline stages, optimizer-state or parameter shards)" in first[0].reason
+    assert [name for name, _ in first[0].not_compared] == ["layer0.weight", "layer1.weight", "layer2.weight"]
+    assert compare.nothing_left(first[0]) and all(s.rule == groups.RULE_APART for s in streams)
+    report.act(first[0], "raise", rank=0)  # never raised
+    later, channels = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[1, 1])
+    assert later[0].outcome == "unverified" and later[0].names == [] and channels[0].gathers == 0
+
+
+def test_auto_at_a_first_check_after_updates_says_so():
+    first, _ = on_ranks(2, lambda r: model(seed=r), streams=_streams(2, groups.AUTO), steps=[3, 3])
+    assert "differ at the first check (step 3): replicas that started different" in first[0].reason
+
+
+def test_twin_declared_world_a_difference_at_the_first_check_started_different():
+    streams = _streams(2, groups.WORLD)
+    first, _ = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[0, 0])
+    assert first[0].outcome == "differ" and first[0].started_different and first[0].rule is None
+    with pytest.raises(report.ReplicaDivergenceError):
+        report.act(first[0], "raise", rank=0)
+
+
+def test_auto_equal_at_the_first_check_is_compared_over_the_world_from_then_on():
+    streams = _streams(2, groups.AUTO)
+    first, _ = on_ranks(2, lambda r: model(), streams=streams, steps=[0, 0])
+    assert first[0].outcome == "identical" and first[0].rule == groups.RULE_WORLD
+    later, _ = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[1, 1])
+    assert later[0].outcome == "differ" and later[0].differing == [0, 1, 2] and later[0].rule is None
+
+
+def test_auto_only_the_undeclared_tensors_leave_a_declared_divergence_is_one():
+    class FlatParameter(torch.nn.Parameter):  # no replica: not compared, whatever the rule
+        pass
+
+    def build(rank):
+        return [("w", torch.full((2,), float(rank))), ("flat", FlatParameter(torch.full((2,), float(rank))))]
+
+    reports, _ = on_ranks(2, build, streams=_streams(2, groups.AUTO), steps=[0, 0])
+    assert reports[0].outcome == "unverified"
+    assert reports[0].not_compared == [("flat", groups.FLAT_SHARD), ("w", groups.APART)]
+
+
+# --------------------------------------------------------------------------- declared groups
+def _pairs(changed=None):
+    """Two replica groups {0, 1} and {2, 3} holding different models; ``changed``: a rank off its group."""
+    def build(rank):
+        tensor = torch.full((2, 3), float(rank // 2))
+        return [("fc.weight", tensor + 1 if rank == changed else tensor)]
+    return build
+
+
+def test_declared_groups_compare_within_each_group_only():
+    reports, _ = on_ranks(4, _pairs(), streams=_streams(4, [[0, 1], [2, 3]]))
+    assert [r.outcome for r in reports] == ["identical"] * 4
+    changed, _ = on_ranks(4, _pairs(changed=3), streams=_streams(4, [[0, 1], [2, 3]]))
+    assert changed[0].outcome == "differ" and changed[0].versions == [[2], [3]] and changed[0].group == [2, 3]
+    assert "(in the replica group of ranks 2-3: rank 2 holds one version; rank 3 holds another)" in \
+        changed[0].message()
+
+
+def test_twin_the_same_tensors_over_the_world_differ_across_the_groups():
+    reports, _ = on_ranks(4, _pairs(), streams=_streams(4, groups.WORLD))
+    assert reports[0].outcome == "differ" and reports[0].versions == [[0, 1], [2, 3]]
+    assert "replica group of" not in reports[0].message()
+
+
+# --------------------------------------------------------------------------- exact at any size
+def test_every_differing_tensor_is_counted_past_one_all_gather(monkeypatch):
+    monkeypatch.setattr(compare, "MAX_NAMED", 7)
+    reports, channels = on_ranks(2, lambda r: model(seed=r, n=20))
+    assert reports[0].diverged_count == 20 and channels[0].gathers == 3
+    assert "20 of 20 parameter tensors differ" in reports[0].message()
+
+
+def test_a_sparse_tensor_is_listed_and_the_dense_ones_are_compared():
+    def build(rank, changed=None):
+        dense = model(n=3)
+        if rank == changed:
+            dense[1] = (dense[1][0], dense[1][1] + 1)
+        return [("embedding.weight", torch.eye(3).to_sparse())] + dense
+
+    reports, _ = on_ranks(2, build)
+    assert reports[0].outcome == "identical" and len(reports[0].names) == 3
+    assert reports[0].not_compared == [("embedding.weight", groups.SPARSE)]
+    changed, _ = on_ranks(2, lambda r: build(r, changed=1))
+    assert changed[0].outcome == "differ" and [changed[0].names[k] for k in changed[0].differing] == ["layer1.weight"]
+
+
+def test_a_meta_tensor_alone_is_unverified_never_an_exception():
+    reports, _ = on_ranks(2, lambda r: [("w", torch.zeros(3, device="meta"))])
+    assert reports[0].outcome == "unverified" and reports[0].not_compared == [("w", groups.META)]
+
+
+# --------------------------------------------------------------------------- threads
+@needs_step_hooks
+def test_a_step_ending_in_another_thread_during_a_step_loses_no_count():
+    """Thread A's step is held open while thread B takes three whole steps: every step of both counts (a
+    flag shared by the threads would have B's steps end A's, and A's would be lost)."""
+    from tpu_closure_fix.synccheck import hook
+
+    entered, release = threading.Event(), threading.Event()
+
+    class Held(torch.optim.Optimizer):  # no optimizer step inside its own: one step, one count
+        def step(self, closure=None):
+            entered.set()
+            assert release.wait(10)
+
+    held = Held(torch.nn.Linear(2, 2).parameters(), {})
+    free = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    hook.arm(1000)
+    try:
+        thread = threading.Thread(target=held.step)
+        thread.start()
+        assert entered.wait(10)
+        for _ in range(3):
+            free.step()
+        release.set()
+        thread.join(10)
+        counts = [hook._counts[id(o)][1][0] for o in (held, free)]
+    finally:
+        hook.disarm()
+    assert counts == [1, 3]
+
+
+@needs_step_hooks
+def test_3000_steps_from_each_of_two_threads_are_all_counted():
+    from tpu_closure_fix.synccheck import hook
+
+    optimizers = [torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1) for _ in range(2)]
+    start = threading.Barrier(2)
+
+    def steps(optimizer):
+        start.wait()
+        for _ in range(3000):
+            optimizer.step()
+
+    hook.arm(1000)
+    try:
+        threads = [threading.Thread(target=steps, args=(o,)) for o in optimizers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        counts = [hook._counts[id(o)][1][0] for o in optimizers]
+    finally:
+        hook.disarm()
+    assert counts == [3000, 3000]
+
+
+@pytest.mark.parametrize("names, rule, left", [(["w"], groups.RULE_APART, False), (["w", "d"], groups.RULE_APART, True),
+                                               (["w"], None, True), (["w"], groups.RULE_WORLD, True)])
+def test_a_stream_stops_only_when_the_first_check_rule_took_every_tensor_out(names, rule, left):
+    said = report.SyncReport(0, 2, "threads", names, outcome="unverified", reason="r", rule=rule,
+                             not_compared=[("w", groups.APART)])
+    assert compare.nothing_left(said) is (not left)
+
+
+@pytest.mark.parametrize("kind, undecided", [("xla", set()), ("threads", {0}), ("torch.distributed", {0})])
+def test_on_xla_without_a_process_group_the_replicas_of_the_step_are_the_layout(kind, undecided, monkeypatch):
+    monkeypatch.setattr(groups, "ddp_groups", lambda named: {})
+    channel = types.SimpleNamespace(kind=kind, rank=0, size=2)
+    layout = compare.Stream("s", groups.AUTO).layout([("w", torch.zeros(2))], channel)
+    assert layout.undecided == undecided
+
+
+@pytest.mark.parametrize("call", [lambda: compare.compare_replicas(model(), replicas="all"),
+                                  lambda: compare.check_sync(model(), 3, replicas=[[0, 1], [1]])])
+def test_a_bad_declaration_is_refused_by_the_api_with_the_accepted_values(call):
+    with pytest.raises(ValueError, match="accepted|must be"):
+        call()
+
+
+def test_the_api_hands_its_declaration_to_the_stream():
+    tensors = torch.nn.Linear(2, 2)
+    assert compare._stream_of(tensors, [[0, 1]]).replicas == [[0, 1]]
+    assert compare._stream_of(tensors).replicas == groups.WORLD

@@ -107,6 +107,33 @@ def test_refused_actions_fall_back_to_warn(raw):
     assert action == "warn" and "accepted: warn (the default) or raise" in problem
 
 
+@pytest.mark.parametrize("raw, group", [(None, "auto"), ("", "auto"), (" World ", "world"), ("AUTO", "auto")])
+def test_accepted_groups(raw, group):
+    assert synchook.parse_group(raw) == (group, None)
+
+
+@pytest.mark.parametrize("raw", ["all", "0,1", "w\u043erld", "1"])  # \u043e: a Cyrillic o
+def test_refused_groups_fall_back_to_auto(raw):
+    group, problem = synchook.parse_group(raw)
+    assert group == "auto" and problem.startswith("TPU_CLOSURE_FIX_SYNC_CHECK_GROUP=")
+    assert "accepted: auto (the default: decided at each optimizer's first check) or world" in problem
+
+
+def test_the_group_variable_arms_the_streams_with_it():
+    environ = {"TPU_CLOSURE_FIX_SYNC_CHECK": "4", "TPU_CLOSURE_FIX_SYNC_CHECK_GROUP": "world"}
+    try:
+        assert synchook.arm_from_environment(environ) == 4 and synchook._armed["replicas"] == "world"
+        assert synchook._entry(object.__new__(_Optimizer))[0].replicas == "world"
+        synchook.arm_from_environment({"TPU_CLOSURE_FIX_SYNC_CHECK": "4"})
+        assert synchook._armed["replicas"] == "auto"
+    finally:
+        synchook.disarm()
+
+
+class _Optimizer(object):
+    param_groups = []
+
+
 def test_a_bad_value_warns_once_and_stays_off():
     environ = {"TPU_CLOSURE_FIX_SYNC_CHECK": "ten"}
     with warnings.catch_warnings(record=True) as seen:

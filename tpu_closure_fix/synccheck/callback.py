@@ -6,8 +6,8 @@ training; logs each check's outcome through the
 trainer's loggers (``sync_check/diverged``, ``sync_check/differing_tensors``, ``sync_check/unverified``).
 An instance used for a second ``fit`` starts afresh.
 """
-from . import comm
-from .compare import DEFAULT_EVERY, DEFAULT_TOLERANCE, Stream, check_options, run
+from . import comm, groups
+from .compare import DEFAULT_EVERY, DEFAULT_TOLERANCE, Stream, check_options, nothing_left, run
 from .report import SyncReport, act
 
 _classes = {}
@@ -27,7 +27,9 @@ class SyncCheck(object):
     ``SyncCheck(every=100, tolerance=1e-6, on_divergence="warn", check_at_end=True)``; ``on_divergence``
     is ``"warn"`` (rank 0 issues a TPUClosureFixWarning), ``"raise"`` (every rank raises
     ReplicaDivergenceError at the same check) or a callable receiving the SyncReport of a divergence;
-    ``tolerance`` is recorded and decides nothing. ``reports`` keeps every check's SyncReport of the
+    ``tolerance`` is recorded and decides nothing; ``replicas``: over which ranks the parameters that no layout
+    places are compared (``"world"``, the default; ``"auto"``; a process group or a list of rank lists: see
+    ``compare_replicas``). ``reports`` keeps every check's SyncReport of the
     current ``fit``, ``last_report`` the latest. Instances are instances of the installed Lightning's
     ``Callback`` (a subclass is made on first use for whichever of pytorch_lightning / lightning.pytorch
     is imported).
@@ -43,8 +45,11 @@ class SyncCheck(object):
             _classes[bases] = sub
         return super().__new__(sub)
 
-    def __init__(self, every=DEFAULT_EVERY, tolerance=DEFAULT_TOLERANCE, on_divergence="warn", check_at_end=True):
+    def __init__(self, every=DEFAULT_EVERY, tolerance=DEFAULT_TOLERANCE, on_divergence="warn", check_at_end=True,
+                 replicas=groups.WORLD):
         check_options(every, tolerance, on_divergence)
+        groups.check_replicas(replicas)
+        self.replicas = replicas
         self.every = every
         self.tolerance = tolerance
         self.on_divergence = on_divergence
@@ -55,7 +60,7 @@ class SyncCheck(object):
     def _start(self):
         """A fresh history: at construction and at the start of every ``fit``."""
         self.reports = []
-        self._stream = Stream("callback/%d" % self._fits)
+        self._stream = Stream("callback/%d" % self._fits, getattr(self, "replicas", groups.WORLD))
         self._last_bucket = 0
         self._last_checked_step = None
 
@@ -82,6 +87,8 @@ class SyncCheck(object):
             self._stream.stood_down = str(exc)
             report = SyncReport(step, channel.size, channel.kind, [], tolerance=self.tolerance,
                                 outcome="unverified", reason=str(exc))
+        if nothing_left(report):
+            self._stream.stood_down = report.reason  # nothing left that a later check could compare
         self.reports.append(report)
         _log_metrics(trainer, report, step)
         act(report, self.on_divergence, rank=channel.rank, stacklevel=4)
@@ -101,7 +108,7 @@ class SyncCheck(object):
             self._check(trainer, pl_module, step)
 
     def __reduce__(self):  # the class is made at run time: pickle (spawn launchers) through the factory
-        return (SyncCheck, (self.every, self.tolerance, self.on_divergence, self.check_at_end))
+        return (SyncCheck, (self.every, self.tolerance, self.on_divergence, self.check_at_end, self.replicas))
 
     def __repr__(self):
         return "SyncCheck(every=%d, tolerance=%g, on_divergence=%r)" % (self.every, self.tolerance,

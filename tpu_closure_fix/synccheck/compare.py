@@ -14,7 +14,8 @@ from .report import SyncReport, act
 DEFAULT_EVERY = 100
 DEFAULT_TOLERANCE = 1e-6
 ON_DIVERGENCE = ("warn", "raise")
-#: Tensors whose per-rank hashes one difference's all-gather carries at most (6 floats each per rank).
+#: Tensors whose per-rank hashes one all-gather carries at most (6 floats each per rank): more differing
+#: tensors take more all-gathers (the same number on every rank), so the count stays exact.
 MAX_NAMED = 16384
 #: Fields per tensor in that all-gather: lane, hash halves, non-finite count, value sum, sum of |values|.
 _GATHERED = 6
@@ -22,20 +23,43 @@ _GATHERED = 6
 
 class Stream(object):
     """One sequence of checks and what it has seen: an optimizer's (the zero-code hook), a callback's, or a
-    model's given to ``check_sync`` / ``compare_replicas``. ``key`` names it to the other ranks."""
+    model's given to ``check_sync`` / ``compare_replicas``. ``key`` names it to the other ranks, ``label``
+    to the user (the hook: the optimizer's class and its parameters' module paths); ``replicas``: the
+    user's declaration of the replica groups (:data:`groups.ACCEPTED`); ``rule``: the first-check rule
+    of the tensors no layout places, once decided (``groups.RULE_WORLD`` / ``groups.RULE_APART``)."""
 
-    def __init__(self, key):
+    def __init__(self, key, replicas=groups.WORLD, label=None):
         self.key = key
+        self.label = label
+        self.replicas = replicas
+        self.rule = None
         self.checks = 0
         self.identical_at = None
         self.different_since = None
         self.stood_down = None
+        self._ddp = None  # (ids of the listed tensors, their DDP groups): one search of the live objects
+
+    def layout(self, named, channel):
+        """The :class:`groups.Layout` of ``named`` for a check over ``channel``, from every piece of
+        evidence: the tensors' own layouts, the DDP modules holding them, the declaration, the rule."""
+        declared = groups.declaration(self.replicas, channel.rank)
+        if declared == groups.AUTO and channel.kind == "xla":  # xm.optimizer_step's replicas: data-parallel
+            declared = groups.WORLD
+        ddp = {}
+        if channel.kind == "torch.distributed":
+            ids = tuple(id(t) for _, t in named)
+            if self._ddp is None or self._ddp[0] != ids:
+                self._ddp = (ids, groups.ddp_groups(named))
+            ddp = self._ddp[1]
+        return groups.Layout(named, channel.rank, declared=declared, rule=self.rule, ddp=ddp, world=channel.size)
 
     def record(self, report):
         """Read ``report`` against this history (first check, last identical step, different since), then
         add it to the history."""
         report.first_check = self.checks == 0
         report.identical_at = self.identical_at
+        if self.rule is None and report.rule is not None:
+            self.rule = report.rule
         self.checks += 1
         if report.outcome == "identical":
             self.identical_at, self.different_since = report.step, None
@@ -93,7 +117,7 @@ def run(obj, step, stream, barrier=None, tolerance=DEFAULT_TOLERANCE, channel=No
     error, layout = None, None
     with torch.no_grad():
         try:
-            layout = groups.Layout(listed(obj), channel.rank)
+            layout = stream.layout(listed(obj), channel)
             device = channel.device([t for _, _, t in layout.entries])
             vector = fingerprint.local_vector(layout.entries, layout.structures, device, step=step,
                                               lanes=layout.lanes)
@@ -120,10 +144,11 @@ def decide(decoded, layout, error, channel, step, tolerance):
     rank reaches the same verdict and enters the same further collective, if any."""
     names = layout.names if layout is not None else []
     not_compared = layout.not_compared if layout is not None else []
+    undecided = layout.undecided if layout is not None else frozenset()
 
     def report(outcome, **fields):
-        return SyncReport(step, channel.size, channel.kind, names, tolerance=tolerance, outcome=outcome,
-                          not_compared=not_compared, **fields)
+        fields.setdefault("not_compared", not_compared)
+        return SyncReport(step, channel.size, channel.kind, names, tolerance=tolerance, outcome=outcome, **fields)
 
     high, low = decoded["format"]
     # 1. Another format of the vector: nothing else in it can be read.
@@ -148,19 +173,47 @@ def decide(decoded, layout, error, channel, step, tolerance):
         return report("structure", structure=structure)
     # 6. Bits differ somewhere: name the tensors and the ranks exactly (one all-gather).
     bad = fingerprint.slots_differing(decoded, "bits_hi", "bits_lo", "nonfinite").nonzero().flatten().tolist()
+    rule = groups.RULE_WORLD if undecided else None
     if bad:
-        differing, versions, spread, divergence, nonfinite = _named_exactly(channel, layout, bad)
+        differing, versions, spread, divergence, nonfinite, group = _named_exactly(channel, layout, bad)
+        apart = [k for k in differing if k in undecided]
+        if apart:  # no declared layout, different at the first check: said once, never a divergence
+            rule = groups.RULE_APART
+            dropped = not_compared + [(names[k], groups.APART) for k in sorted(undecided)]
+            differing = [k for k in differing if k not in undecided]
+            nonfinite = [k for k in nonfinite if k not in undecided]
+            if not differing:
+                return report("unverified", reason=_apart_reason(step, len(apart)), not_compared=dropped,
+                              rule=rule)
         if differing:
             return report("differ", differing=differing, versions=versions, spread=spread, divergence=divergence,
-                          nonfinite=nonfinite)
+                          nonfinite=nonfinite, group=group, rule=rule)
     # 7. Non-finite values, bitwise the same everywhere: the replicas agree.
     compared = decoded["compared"]
     nonfinite_slots = set(((decoded["nonfinite"][0] > 0) & compared).nonzero().flatten().tolist())
     if nonfinite_slots:
         nonfinite = sorted(k for s in nonfinite_slots for k in layout.positions_in(s))
-        return report("nonfinite", nonfinite=nonfinite)
+        return report("nonfinite", nonfinite=nonfinite, rule=rule)
     # 8. Every compared tensor bitwise equal over its replica group.
-    return report("identical")
+    return report("identical", rule=rule)
+
+
+def nothing_left(report):
+    """Whether the first-check rule took every tensor of ``report`` out of the comparison: no later check of
+    its stream would compare anything (the hook and the callback stop checking it, silently)."""
+    apart = {name for name, reason in report.not_compared if reason == groups.APART}
+    return report.rule == groups.RULE_APART and set(report.names) <= apart
+
+
+def _apart_reason(step, count):
+    """What a difference at a stream's first check means when no data-parallel layout is declared."""
+    when = ("before the first update" if step == 0 else "at the first check" if step is None
+            else "at the first check (step %s)" % (step,))
+    return ("%d parameter tensor%s differ %s: replicas that started different, or tensors that are not replicas "
+            "by design (pipeline stages, optimizer-state or parameter shards); no data-parallel layout is declared, "
+            "so they are not compared again (if they are replicas, declare it: replicas='world', or "
+            "TPU_CLOSURE_FIX_SYNC_CHECK_GROUP=world for the zero-code check)"
+            % (count, "" if count == 1 else "s", when))
 
 
 def _out_of_step(channel, step):
@@ -219,22 +272,15 @@ def _some_names(layout, positions, shown=3):
 
 
 def _named_exactly(channel, layout, bad_slots):
-    """(differing, versions, spread, divergence, nonfinite) from one all-gather of every rank's per-tensor
-    hash and sums of the tensors in the differing slots: exact whatever the number of tensors."""
-    import torch
-
-    pairs = [(s, k) for s in bad_slots for k in layout.positions_in(s)][:MAX_NAMED]
-    held = dict((k, (slot, t)) for k, slot, t in layout.entries)
-    row = []
-    for s, k in pairs:
-        slot, tensor = held.get(k, (None, None))
-        if slot != s:
-            row += [-1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
-            continue
-        hi, lo = fingerprint._halves(int(fingerprint.bit_hash(tensor, k)))
-        nonfinite, total, scale = (float(v) for v in fingerprint.value_sums(tensor))
-        row += [float(layout.lane_of[k]), hi, lo, nonfinite, total, scale]
-    rows = [r.tolist() for r in channel.all_gather(torch.tensor(row, dtype=torch.float32))]
+    """(differing, versions, spread, divergence, nonfinite, group) from all-gathers of every rank's per-tensor
+    hash and sums of the tensors in the differing slots (``MAX_NAMED`` tensors per all-gather): exact whatever
+    the number of tensors. ``group``: the ranks of the replica group in which the first difference was seen."""
+    pairs = [(s, k) for s in bad_slots for k in layout.positions_in(s)]
+    rows = None
+    for start in range(0, len(pairs), MAX_NAMED):  # the same pairs, hence the same all-gathers, on every rank
+        part = _gathered_rows(channel, layout, pairs[start:start + MAX_NAMED])
+        rows = part if rows is None else [mine + theirs for mine, theirs in zip(rows, part)]
+    rows = rows or []
     n = len(layout.names)
     spread, divergence = [0.0] * n, [0.0] * n
     differing, nonfinite, versions = [], [], []
@@ -259,43 +305,68 @@ def _named_exactly(channel, layout, bad_slots):
             if not versions:
                 versions = sorted(([r for r, _, _ in group] for group in held_versions.values()),
                                   key=lambda ranks: (-len(ranks), ranks[0]))
-    return sorted(differing), versions, spread, divergence, sorted(set(nonfinite))
+    group = sorted(r for ranks in versions for r in ranks)
+    return sorted(differing), versions, spread, divergence, sorted(set(nonfinite)), group
+
+
+def _gathered_rows(channel, layout, pairs):
+    """Every rank's row for ``pairs`` (one all-gather): per pair its lane (-1: not held here), hash halves,
+    non-finite count, value sum and sum of |values|."""
+    import torch
+
+    held = dict((k, (slot, t)) for k, slot, t in layout.entries)
+    row = []
+    for s, k in pairs:
+        slot, tensor = held.get(k, (None, None))
+        if slot != s:
+            row += [-1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+            continue
+        hi, lo = fingerprint._halves(int(fingerprint.bit_hash(tensor, k)))
+        nonfinite, total, scale = (float(v) for v in fingerprint.value_sums(tensor))
+        row += [float(layout.lane_of[k]), hi, lo, nonfinite, total, scale]
+    return [r.tolist() for r in channel.all_gather(torch.tensor(row, dtype=torch.float32))]
 
 
 # --------------------------------------------------------------------------- the functions of the API
 _streams = {}
 
 
-def _stream_of(obj):
+def _stream_of(obj, replicas=groups.WORLD):
     """The history of checks of one object, kept while the object lives; an object that cannot be weakly
     referenced (a list, a dict) gets none: its reports claim no first check and no earlier identical step."""
     key = id(obj)
     stream = _streams.get(key)
     if stream is None:
-        stream = Stream("api")
+        stream = Stream("api", replicas)
         try:
             weakref.finalize(obj, _streams.pop, key, None).atexit = False
         except TypeError:
             stream.checks = -1  # never "first", never counted: nothing to remember it by
             return stream
         _streams[key] = stream
+    stream.replicas = replicas
     return stream
 
 
 _api_checks = [0]
 
 
-def compare_replicas(model, step=None, tolerance=DEFAULT_TOLERANCE):
+def compare_replicas(model, step=None, tolerance=DEFAULT_TOLERANCE, replicas=groups.WORLD):
     """Run one comparison now (collective: every replica must call it, with or without parameters).
 
-    Returns a :class:`SyncReport`, or None on a single device (nothing to compare). A comparison that
-    cannot complete (not every rank called, a peer gone) returns an ``unverified`` report."""
+    ``replicas``: over which ranks the tensors that no layout places (DTensor, FSDP, DDP, neuronx-distributed)
+    must be equal: ``"world"`` (the default: calling this says the model is replicated), ``"auto"`` (decide at
+    the first check: equal there -- the world from then on; different -- said once, not compared again), a
+    process group or a list of rank lists. Returns a :class:`SyncReport`, or None on a single device (nothing
+    to compare). A comparison that cannot complete (not every rank called, a peer gone) returns an
+    ``unverified`` report."""
+    groups.check_replicas(replicas)
     channel = comm.channel()
     if channel is None:
         return None
     _api_checks[0] += 1
     try:
-        return run(model, step, _stream_of(model), "api/%d" % _api_checks[0], tolerance, channel)
+        return run(model, step, _stream_of(model, replicas), "api/%d" % _api_checks[0], tolerance, channel)
     except comm.StoodDown as exc:
         return SyncReport(step, channel.size, channel.kind, [], tolerance=tolerance, outcome="unverified",
                           reason=str(exc))
@@ -316,19 +387,22 @@ def due(step, every):
     return step == 1 or step % every == 0  # step 0 is a multiple of every
 
 
-def check_sync(model, step, every=DEFAULT_EVERY, tolerance=DEFAULT_TOLERANCE, on_divergence="warn"):
+def check_sync(model, step, every=DEFAULT_EVERY, tolerance=DEFAULT_TOLERANCE, on_divergence="warn",
+               replicas=groups.WORLD):
     """For Lite / Fabric / plain loops: call after each optimizer step with the 1-based step count (and, to
     tell "started different" from "diverged", once with step 0 before the first optimizer step).
 
     Checks at steps 0 and 1 and then whenever ``step % every == 0`` (one collective, so every replica must make the
     same calls); on divergence rank 0 warns (TPUClosureFixWarning), or every rank raises
     ReplicaDivergenceError with ``on_divergence="raise"``, or ``on_divergence(report)`` is called.
-    Returns the SyncReport of a check, or None when no check ran (other steps, single device).
+    ``replicas``: as for :func:`compare_replicas`. Returns the SyncReport of a check, or None when no check
+    ran (other steps, single device).
     """
     check_options(every, tolerance, on_divergence)
+    groups.check_replicas(replicas)
     if not due(step, every):
         return None
-    report = compare_replicas(model, step, tolerance)
+    report = compare_replicas(model, step, tolerance, replicas)
     channel = comm.channel()
     act(report, on_divergence, rank=channel.rank if channel else 0)
     return report

@@ -23,7 +23,21 @@ The rules, the same in the zero-code hook, the Lightning callback, ``check_sync`
    it all) -- both only when the FSDP module spans the whole world; ``FULL_SHARD`` / ``SHARD_GRAD_OP``,
    FSDP on a subgroup, torch_xla FSDP shards (``_is_sharded``) and a flat tensor whose handle is not
    found: listed as not compared, with the reason.
-4. Anything else: over the whole world.
+4. ``DistributedDataParallel``: the parameters of a live DDP module over the ranks of its
+   ``process_group`` (``torch.distributed.get_process_group_ranks``): DDP on subgroups {0, 1} and {2, 3} is
+   compared within each subgroup, never across them.
+5. The user's declaration (``replicas=`` of ``SyncCheck`` / ``check_sync`` / ``compare_replicas``,
+   ``TPU_CLOSURE_FIX_SYNC_CHECK_GROUP`` for the zero-code check): ``"world"``, a process group or a list of
+   rank lists.
+6. Nothing declared (``"auto"``, a plain torch.distributed script): over the whole world, decided at the
+   stream's first check -- bitwise equal there: compared over the world from then on; different there: the
+   tensors are replicas that started different or not replicas at all (pipeline stages, optimizer-state or
+   parameter shards), said once and not compared again (``compare.decide``). On XLA without a process group
+   the replicas of ``xm.optimizer_step`` are the data-parallel layout: over the whole world.
+
+A tensor whose replica group holds this rank alone (a DTensor with no ``Replicate`` dimension, as FSDP2's
+``fully_shard`` makes, a group of one rank), a sparse tensor and a meta tensor are listed as not compared,
+with the reason: a check never calls "identical" what it did not compare.
 
 The layout is computed from the tensors and the environment alone, so ranks holding the same model
 compute the same lanes and slots; a rank with another model shows up as a structure difference.
@@ -40,20 +54,32 @@ FLAT_SHARD = ("a flat shard of this rank (FSDP FlatParameter / torch_xla FSDP): 
 #: FSDP1 sharding strategies whose shards have replicas: the ranks with the same shard index.
 HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 
+#: The declarations of the tensors no layout places: decide at the first check, or the whole world.
+AUTO, WORLD = "auto", "world"
+ACCEPTED = "'auto', 'world', a torch.distributed process group or a list of rank lists ([[0, 1], [2, 3]])"
+#: The stream's first-check rule, once decided: compared over the world, or not replicas (not compared).
+RULE_WORLD, RULE_APART = "world", "apart"
+SPARSE = "a sparse tensor: its indices and values are not compared (compare its to_dense() to include it)"
+META = "a meta tensor: it holds no values to compare"
+APART = ("differed at the stream's first check with no declared data-parallel layout (replicas that started "
+         "different, or not replicas by design): not compared since")
+
 
 class Placement(object):
     """Where one tensor is compared: ``pattern`` (hashable, the same on every rank), ``coordinates`` (how
     many replica groups the pattern has), ``coordinate`` (this rank's group, None: holds nothing of it),
     ``local`` (the tensor compared here) and ``description`` (what the structure digest covers)."""
 
-    __slots__ = ("pattern", "coordinates", "coordinate", "local", "description")
+    __slots__ = ("pattern", "coordinates", "coordinate", "local", "description", "declared")
 
-    def __init__(self, pattern, coordinates, coordinate, local, description):
+    def __init__(self, pattern, coordinates, coordinate, local, description, declared=True):
         self.pattern = pattern
         self.coordinates = coordinates
         self.coordinate = coordinate
         self.local = local
         self.description = description
+        #: False: over the world by default only, to be decided at the stream's first check (rule 6)
+        self.declared = declared
 
 
 def _is_dtensor(tensor):
@@ -143,7 +169,8 @@ def _fsdp_placement(tensor, handle, replicas=None, world=None):
 
 
 def _dtensor_placement(tensor):
-    """Rule 1: replica groups along the Replicate dimensions of the tensor's mesh."""
+    """Rule 1: replica groups along the Replicate dimensions of the tensor's mesh; a string (not compared)
+    when it has none: every rank of the mesh holds a shard of its own."""
     mesh = tensor.device_mesh
     sizes = tuple(int(n) for n in mesh.mesh.shape)
     split = tuple(d for d, p in enumerate(tensor.placements) if type(p).__name__ != "Replicate")
@@ -158,6 +185,9 @@ def _dtensor_placement(tensor):
         for d in split:
             coordinate = coordinate * sizes[d] + int(where[d])
     placements = tuple(str(p) for p in tensor.placements)
+    if coordinates == len(ranks):
+        return ("a DTensor shard with no Replicate dimension (placements %s over %d ranks): no other rank holds "
+                "it" % (", ".join(placements), len(ranks)))
     description = (tuple(int(n) for n in tensor.shape), str(tensor.dtype).replace("torch.", ""), placements)
     local = tensor.to_local() if coordinate is not None else None
     return Placement(("dtensor", sizes, ranks, split), coordinates, coordinate, local, description)
@@ -178,9 +208,38 @@ def _neuron_groups():
     return tuple(groups) if len(groups) > 1 else None
 
 
-def placement(tensor, rank, neuron_groups=None, fsdp_handle=None, world=None):
+def _ranks_placement(tensor, group, rank, world, declared=True):
+    """A tensor held equal by the ranks of ``group`` (this rank's replica group): over the whole world when
+    it spans it, else one lane per possible lowest rank of a group (the same pattern on every rank, whatever
+    the groups are); a string (not compared) when the group is this rank alone."""
+    group = tuple(sorted(int(r) for r in group))
+    if world is None or set(group) == set(range(world)):
+        return Placement(("world",), 1, 0, tensor, fingerprint.describe(tensor), declared)
+    if len(group) < 2:
+        return "no other rank holds it: its replica group is rank %s alone" % (group[0] if group else rank)
+    coordinate = group[0] if rank in group else None
+    return Placement(("ranks", world), world, coordinate, tensor, fingerprint.describe(tensor), declared)
+
+
+def _unplaceable(tensor):
+    """Why a tensor cannot be fingerprinted as it is (sparse, meta), or None."""
+    if getattr(tensor, "is_meta", False) or getattr(getattr(tensor, "device", None), "type", None) == "meta":
+        return META
+    if getattr(tensor, "is_sparse", False) or str(getattr(tensor, "layout", "torch.strided")) != "torch.strided":
+        return SPARSE
+    return None
+
+
+def placement(tensor, rank, neuron_groups=None, fsdp_handle=None, world=None, ddp_group=None, declared=None,
+              rule=None):
     """The :class:`Placement` of one tensor on ``rank``, or a string: why it is not compared.
-    ``fsdp_handle``: ``(FlatParamHandle, replicas)`` of an FSDP1 tensor (:func:`fsdp_handles`)."""
+    ``fsdp_handle``: ``(FlatParamHandle, replicas)`` of an FSDP1 tensor (:func:`fsdp_handles`);
+    ``ddp_group``: the ranks of the DDP module holding it (:func:`ddp_groups`); ``declared``: the user's
+    declaration (:func:`declaration`: ``"auto"``, ``"world"`` or this rank's group); ``rule``: the stream's
+    first-check rule once decided (``RULE_WORLD`` / ``RULE_APART``), None before."""
+    why = _unplaceable(tensor)
+    if why is not None:
+        return why
     if _is_dtensor(tensor):
         return _dtensor_placement(tensor)
     if fsdp_handle is not None:
@@ -189,10 +248,75 @@ def placement(tensor, rank, neuron_groups=None, fsdp_handle=None, world=None):
         return FLAT_SHARD
     if neuron_groups:
         coordinate = next((i for i, g in enumerate(neuron_groups) if rank in g), None)
+        if coordinate is not None and len(neuron_groups[coordinate]) < 2:
+            return "no other rank holds it: its data-parallel replica group is rank %d alone" % rank
         description = ("data-parallel over %d groups" % len(neuron_groups), str(tensor.dtype).replace("torch.", ""),
                        tensor.dim())
         return Placement(("neuron-dp", neuron_groups), len(neuron_groups), coordinate, tensor, description)
-    return Placement(("world",), 1, 0, tensor, fingerprint.describe(tensor))
+    if ddp_group is not None:
+        return _ranks_placement(tensor, ddp_group, rank, world)
+    if isinstance(declared, tuple):
+        return _ranks_placement(tensor, declared, rank, world)
+    if declared == AUTO and rule == RULE_APART:
+        return APART
+    return Placement(("world",), 1, 0, tensor, fingerprint.describe(tensor),
+                     declared != AUTO or rule == RULE_WORLD)
+
+
+# --------------------------------------------------------------------------- the evidence
+def check_replicas(replicas):
+    """Raise ValueError unless ``replicas`` is an accepted declaration (see :data:`ACCEPTED`)."""
+    if replicas in (AUTO, WORLD) or _is_process_group(replicas):
+        return
+    if isinstance(replicas, (list, tuple)) and replicas and all(
+            isinstance(g, (list, tuple, set, frozenset)) and g and all(
+                isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in g) for g in replicas):
+        flat = [r for g in replicas for r in g]
+        if len(flat) == len(set(flat)):
+            return
+        raise ValueError("replicas: a rank is in two groups of %r; accepted: %s" % (replicas, ACCEPTED))
+    raise ValueError("replicas must be %s; got %r" % (ACCEPTED, replicas))
+
+
+def _is_process_group(obj):
+    return any(cls.__name__ in ("ProcessGroup", "_ProcessGroupWrapper") for cls in type(obj).__mro__)
+
+
+def declaration(replicas, rank):
+    """``"auto"``, ``"world"`` or this rank's group (a sorted tuple of ranks; empty: in none of the groups)."""
+    if replicas in (AUTO, WORLD) or replicas is None:
+        return replicas or AUTO
+    if _is_process_group(replicas):
+        dist = sys.modules.get("torch.distributed")
+        return tuple(sorted(int(r) for r in dist.get_process_group_ranks(replicas)))
+    return next((tuple(sorted(g)) for g in replicas if rank in g), ())
+
+
+def ddp_groups(named):
+    """``{id(tensor): ranks}`` for the tensors of ``named`` that a live ``DistributedDataParallel`` module
+    holds: the ranks of its process group (one pass of ``gc.get_objects()``; nothing when DDP is not loaded)."""
+    ddp = getattr(sys.modules.get("torch.nn.parallel.distributed"), "DistributedDataParallel", None)
+    dist = sys.modules.get("torch.distributed")
+    if ddp is None or dist is None or not named:
+        return {}
+    import gc
+
+    wanted = {id(t) for _, t in named}
+    found = {}
+    for obj in gc.get_objects():
+        if not issubclass(type(obj), ddp):  # type(): isinstance would read __class__ of every live object
+            continue
+        try:
+            group = getattr(obj, "process_group", None)
+            ranks = tuple(sorted(int(r) for r in dist.get_process_group_ranks(group))) if group is not None \
+                else tuple(range(dist.get_world_size()))
+            params = list(obj.module.parameters())
+        except Exception:  # a DDP whose group cannot be read gives no evidence
+            continue
+        for p in params:
+            if id(p) in wanted:
+                found[id(p)] = ranks
+    return found
 
 
 class Layout(object):
@@ -201,24 +325,31 @@ class Layout(object):
     ``names``/``structures``: every tensor's name and description, in order (the same on every rank with
     the same model); ``spans[k]``: the first lane of tensor ``k``'s pattern and how many lanes it has;
     ``entries``: ``(position, slot, local tensor)`` of the tensors this rank holds; ``not_compared``:
-    ``(name, reason)``. Lane ``l`` owns slots ``[l * width, (l + 1) * width)``; tensor ``k`` in lane ``l``
-    goes to slot ``l * width + k % width``.
+    ``(name, reason)``; ``undecided``: the positions compared over the world by default only (rule 6, at
+    the stream's first check). ``declared``, ``rule``, ``ddp``: see :func:`placement`; ``world``: the world
+    size (default: torch.distributed's, read only when a rule needs it). Lane ``l`` owns slots
+    ``[l * width, (l + 1) * width)``; tensor ``k`` in lane ``l`` goes to slot ``l * width + k % width``.
     """
 
-    def __init__(self, named, rank, slots=fingerprint.SLOTS):
+    def __init__(self, named, rank, slots=fingerprint.SLOTS, declared=WORLD, rule=None, ddp=None, world=None):
         self.slots = slots
         named = list(named)
         neuron = _neuron_groups()
         handles = fsdp_handles(named)
-        world = _world_size() if handles else None
+        ddp = {} if ddp is None else ddp
+        if world is None and (handles or ddp or isinstance(declared, tuple)):
+            world = _world_size()
         found = []
         self.not_compared = []
         for name, tensor in named:
-            where = placement(tensor, rank, neuron, handles.get(id(tensor)), world)
+            where = placement(tensor, rank, neuron, handles.get(id(tensor)), world, ddp.get(id(tensor)),
+                              declared, rule)
             if isinstance(where, str):
                 self.not_compared.append((name, where))
             else:
                 found.append((name, where))
+        #: positions of the tensors compared over the world by default only (rule 6, undecided)
+        self.undecided = frozenset(k for k, (_, where) in enumerate(found) if not where.declared)
         patterns = {}
         for _, where in found:
             patterns.setdefault(where.pattern, where.coordinates)

@@ -12,7 +12,13 @@ Why one torch hook and not a hook per framework: every framework's step -- the L
 ``optimizer.step(closure)`` inside ``xm.optimizer_step``, Lite/Fabric's, accelerate's, a plain loop's --
 ends in the optimizer's own ``step``, and torch runs the global hooks around it.
 
-Counting: per optimizer, only the outermost step counts (an optimizer stepped inside another's, as
+``TPU_CLOSURE_FIX_SYNC_CHECK_GROUP=auto|world`` (default ``auto``) says over which ranks the parameters that
+no layout places (DTensor, FSDP, DDP, neuronx-distributed) are compared: ``auto`` decides at each optimizer's
+first check (bitwise equal over the world: compared over the world from then on; different: pipeline stages
+or shards, or replicas that started different -- said once, not compared again), ``world`` says every rank
+holds the same model (a difference at the first check is then a divergence).
+
+Counting: per optimizer and per thread, only the outermost step counts (an optimizer stepped inside another's, as
 ``ZeroRedundancyOptimizer``'s inner optimizer, is not counted); a step that raised (an LBFGS closure out
 of data) is not counted and does not stop the counting. Checks run at an optimizer's first step and then
 every N. Each optimizer is a *stream* named by its parameters' shapes and dtypes, so every rank names the
@@ -27,6 +33,7 @@ divergence itself) is warned about once, disarms the check, and leaves training 
 """
 import os
 import sys
+import threading
 import time
 import warnings
 import weakref
@@ -36,6 +43,9 @@ from . import comm, compare, report as reports  # none imports torch: this modul
 from .report import ReplicaDivergenceError
 
 ON_DIVERGENCE_VAR = SYNC_CHECK_VAR + "_ON_DIVERGENCE"
+GROUP_VAR = SYNC_CHECK_VAR + "_GROUP"
+GROUPS = ("auto", "world")
+DEFAULT_GROUP = "auto"
 ACTIONS = ("warn", "raise")
 DEFAULT_ACTION = "warn"
 #: More digits than any real step count; a longer value is refused before ``int()`` reads it.
@@ -47,13 +57,16 @@ TORCH_OPTIMIZER = "torch.optim.optimizer"
 LIBRARY_PACKAGES = ("torch", "wrapt")
 
 #: What is armed: steps between checks (0: off), the action, torch's hook handles.
-_armed = {"every": 0, "action": DEFAULT_ACTION, "handles": None}
+_armed = {"every": 0, "action": DEFAULT_ACTION, "handles": None, "replicas": DEFAULT_GROUP}
 #: What the checks saw in this process: how many ran and the latest SyncReport (None on one device).
 seen = {"checks": 0, "last_report": None}
 #: id(optimizer) -> (its check history (compare.Stream), [steps completed so far]).
 _counts = {}
-#: (id, frame) of the optimizer step that is the outermost one running now (None: no step running).
-_outermost = [None]
+#: Per thread, ``step``: (id, frame) of the outermost optimizer step running now in it (None: none). Each
+#: thread has its own: a step in one thread is never "inside" a step running in another.
+_outermost = threading.local()
+#: Guards the counts: steps of one optimizer may end in several threads at once.
+_lock = threading.Lock()
 _warned = set()
 
 
@@ -84,6 +97,18 @@ def parse_action(raw):
                             % (ON_DIVERGENCE_VAR, quote_value(raw)))
 
 
+def parse_group(raw):
+    """(group, problem) for a raw value of TPU_CLOSURE_FIX_SYNC_CHECK_GROUP: unset/empty -> auto."""
+    value = "" if raw is None else raw.strip(ASCII_WHITESPACE)
+    if value == "":
+        return DEFAULT_GROUP, None
+    if value.isascii() and value.lower() in GROUPS:
+        return value.lower(), None
+    return DEFAULT_GROUP, ("%s=%s is not an accepted value; accepted: auto (the default: decided at each "
+                           "optimizer's first check) or world (every rank holds the same model). Using auto."
+                           % (GROUP_VAR, quote_value(raw)))
+
+
 def _warn_once(key, message, stacklevel=3):
     if key not in _warned:
         _warned.add(key)
@@ -105,13 +130,16 @@ def arm_from_environment(environ=None):
     _, problem = comm.parse_timeout(environ.get(comm.TIMEOUT_VAR))
     if problem:
         _warn_once(("value", comm.TIMEOUT_VAR, environ.get(comm.TIMEOUT_VAR)), problem)
-    arm(every, action)
+    replicas, problem = parse_group(environ.get(GROUP_VAR))
+    if problem:
+        _warn_once(("value", GROUP_VAR, environ.get(GROUP_VAR)), problem)
+    arm(every, action, replicas)
     return every
 
 
-def arm(every, action=DEFAULT_ACTION):
+def arm(every, action=DEFAULT_ACTION, replicas=DEFAULT_GROUP):
     """Check every ``every`` optimizer steps from now on; the hooks go in when torch.optim is imported."""
-    _armed["every"], _armed["action"] = every, action
+    _armed["every"], _armed["action"], _armed["replicas"] = every, action, replicas
     module = sys.modules.get(TORCH_OPTIMIZER)
     if module is not None:
         _register(module)
@@ -146,7 +174,7 @@ def disarm():
         handle.remove()
     _counts.clear()
     _digests.clear()
-    _outermost[0] = None
+    _outermost.step = None
 
 
 def armed_every():
@@ -192,10 +220,10 @@ def _before_step(optimizer, args, kwargs):
     """Note the outermost optimizer step running now (a noted step whose frame has left the stack ended in an
     exception -- torch runs no post-hook then -- and is forgotten, so the next step counts again). Before an
     optimizer's first update, compare: a difference there is how the replicas started."""
-    outer = _outermost[0]
+    outer = getattr(_outermost, "step", None)
     if outer is not None and _running(outer[1]):
         return  # a step inside another optimizer's step
-    _outermost[0] = (id(optimizer), sys._getframe(1))
+    _outermost.step = (id(optimizer), sys._getframe(1))
     if _armed["every"]:
         entry = _counts.get(id(optimizer))
         if entry is None or entry[1][0] == 0:  # before the optimizer's first update
@@ -204,10 +232,10 @@ def _before_step(optimizer, args, kwargs):
 
 def _after_step(optimizer, args, kwargs):
     """Count the step of the outermost optimizer; after its first step and every N-th one compare and act."""
-    outer = _outermost[0]
+    outer = getattr(_outermost, "step", None)
     if outer is None or outer[0] != id(optimizer) or outer[1] is not sys._getframe(1):
         return  # a step inside another optimizer's step: its outer optimizer counts
-    _outermost[0] = None
+    _outermost.step = None
     if _armed["every"]:
         _guarded(_count_and_check, optimizer)
 
@@ -225,15 +253,17 @@ def _guarded(fn, optimizer):
 
 
 def _first_check(optimizer):
-    stream, steps = _entry(optimizer)
+    with _lock:
+        stream, steps = _entry(optimizer)
     if steps[0] == 0 and stream.checks == 0 and stream.stood_down is None:
         _check(optimizer, stream, 0)
 
 
 def _count_and_check(optimizer):
-    stream, steps = _entry(optimizer)
-    steps[0] += 1
-    step = steps[0]
+    with _lock:  # steps[0] += 1 is a read and a write: two threads' steps could count as one
+        stream, steps = _entry(optimizer)
+        steps[0] += 1
+        step = steps[0]
     if (step == 1 or step % _armed["every"] == 0) and stream.stood_down is None:
         _check(optimizer, stream, step)
 
@@ -259,7 +289,7 @@ def _entry(optimizer):
     key = id(optimizer)
     entry = _counts.get(key)
     if entry is None:
-        entry = _counts[key] = (compare.Stream(_stream_key(optimizer)), [0])
+        entry = _counts[key] = (compare.Stream(_stream_key(optimizer), _armed["replicas"]), [0])
         try:
             finalizer = weakref.finalize(optimizer, _counts.pop, key, None)
             finalizer.atexit = False
@@ -279,13 +309,18 @@ def _check(optimizer, stream, step):
         stream.stood_down = str(exc)
         if exc.broken:
             disarm()
+        # the stream's key is for the ranks; the user knows the optimizer by its class and its parameters
+        said = str(exc).replace("(%s/" % stream.key, "(check #")
         _warn_once(("stood down", str(exc)), "tpu-closure-fix: the zero-code sync check stands down for %s "
-                   "at step %d: %s. Training goes on." % (stream.key, step, exc), stacklevel=_user_stacklevel())
+                   "at step %d: %s. Training goes on." % (_label(optimizer, stream), step, said),
+                   stacklevel=_user_stacklevel())
         return
     if report.outcome == "out_of_step":
         stream.stood_down = report.reason
-    if report.diverged or report.nonfinite:
-        _name_by_module(report, optimizer)
+    if compare.nothing_left(report):  # every tensor found not to be a replica: no later check would compare any
+        stream.stood_down = report.reason
+    if report.outcome != "identical":
+        _name_by_module(report, optimizer, stream)
     seen["checks"] += 1
     seen["last_report"] = report
     # one line per check at info level (TPU_CLOSURE_FIX_LOG=info): a correct run says that its checks ran
@@ -308,9 +343,47 @@ def _said(report):
     return "not compared (%s)" % report.outcome.replace("_", " ")
 
 
-def _name_by_module(report, optimizer):
+def _label(optimizer, stream=None):
+    """The optimizer as the user knows it: its class and its parameters' module paths, with the class of the
+    module holding them (``SGD over generator.fc.weight, generator.fc.bias (in GAN)``)."""
+    try:
+        by_old, holders = _module_paths(optimizer, stream)
+        paths = [by_old.get(name, name) for name, _ in _listed(optimizer)]
+    except Exception:  # naming is a courtesy: the stream's key still says which one
+        return type(optimizer).__name__
+    shown = ", ".join(paths[:3]) + (", and %d more" % (len(paths) - 3) if len(paths) > 3 else "")
+    within = " (in %s)" % ", ".join(sorted(holders)) if holders else ""
+    return "%s over %s%s" % (type(optimizer).__name__, shown or "no parameters", within)
+
+
+def _name_by_module(report, optimizer, stream=None):
     """Replace ``param_groups[g][i]`` names by module paths (``encoder.layers.3.weight``), looking for the
-    modules that hold the optimizer's parameters (only when something is reported)."""
+    modules that hold the optimizer's parameters (only when something is reported), and say which optimizer
+    the report is about (``report.stream``)."""
+    by_old, _ = _module_paths(optimizer, stream)
+    report.stream = _label(optimizer, stream)
+    paths = [by_old.get(n, n) for n in report.names]
+    taken = {}
+    for path in paths:
+        taken[path] = taken.get(path, 0) + 1
+    # parameters of separate modules with no model around them ("weight" twice) keep their position too
+    report.names = [p if taken[p] == 1 else "%s (%s)" % (p, n) for p, n in zip(paths, report.names)]
+    report.not_compared = [(by_old.get(n, n), reason) for n, reason in report.not_compared]
+
+
+def _module_paths(optimizer, stream=None):
+    """({``param_groups[g][i]``: module path}, {class names of the modules naming them}): the module holding
+    most parameters (the model itself) names each parameter. Kept on ``stream`` for its later reports: a
+    search of the live objects once per optimizer, not at every check that says something."""
+    paths = getattr(stream, "module_paths", None)
+    if paths is None:
+        paths = _search_module_paths(optimizer)
+        if stream is not None:
+            stream.module_paths = paths
+    return paths
+
+
+def _search_module_paths(optimizer):
     import gc
 
     import torch
@@ -329,14 +402,9 @@ def _name_by_module(report, optimizer):
             continue
         for name, p in named:  # the module holding most parameters (the model itself) names them
             if id(p) in wanted and (id(p) not in found or len(named) > found[id(p)][1]):
-                found[id(p)] = (name, len(named))
+                found[id(p)] = (name, len(named), type(obj).__name__)
     by_old = {wanted[i]: found[i][0] for i in found}
-    paths = [by_old.get(n, n) for n in report.names]
-    taken = {}
-    for path in paths:
-        taken[path] = taken.get(path, 0) + 1
-    # parameters of separate modules with no model around them ("weight" twice) keep their position too
-    report.names = [p if taken[p] == 1 else "%s (%s)" % (p, n) for p, n in zip(paths, report.names)]
+    return by_old, {found[i][2] for i in found}
 
 
 def _listed(optimizer):

@@ -58,13 +58,19 @@ class SyncReport(object):
     ``spread[i]``/``divergence[i]``: tensor ``names[i]``'s value-sum spread over the replicas and that
     relative to its sum of absolute values (known for the differing tensors; 0 elsewhere);
     ``not_compared``: ``[(name, reason)]``; ``reason``: why no verdict (unverified, out of step);
-    ``local_error``: this replica's own listing or fingerprint failed (the reason is its error).
+    ``local_error``: this replica's own listing or fingerprint failed (the reason is its error);
+    ``group``: the ranks of the replica group in which the first difference was seen; ``rule``: the
+    first-check rule this check decided for the tensors no layout places (``"world"``: equal there, compared
+    over the world from now on; ``"apart"``: different there, not compared again; None: nothing decided);
+    ``stream``: what the check compared as the user knows it (the zero-code check: the optimizer's class and
+    its parameters' module paths), or None.
     ``tolerance`` is recorded and decides nothing: any bitwise difference is one.
     """
 
     def __init__(self, step, world_size, backend, names, spread=None, divergence=None, tolerance=0.0,
                  outcome="identical", differing=(), nonfinite=(), structure=None, reason=None, versions=(),
-                 first_check=False, identical_at=None, not_compared=(), local_error=False):
+                 first_check=False, identical_at=None, not_compared=(), local_error=False, group=(), rule=None,
+                 stream=None):
         if outcome not in OUTCOMES:
             raise ValueError("outcome must be one of %s; got %r" % (", ".join(OUTCOMES), outcome))
         self.step = step
@@ -85,6 +91,9 @@ class SyncReport(object):
         self.different_since = step if outcome in DIVERGED_OUTCOMES else None
         self.not_compared = list(not_compared)
         self.local_error = local_error
+        self.group = list(group)
+        self.rule = rule
+        self.stream = stream
 
     @property
     def diverged(self):
@@ -142,7 +151,14 @@ class SyncReport(object):
         parts = ["%s %s %s" % ("ranks" if len(v) > 1 else "rank", rank_ranges(v), ("hold" if len(v) > 1 else "holds")
                                 + (" one version" if i == 0 else " another"))
                  for i, v in enumerate(self.versions)]
-        return " (%s)" % "; ".join(parts)
+        within = ""
+        if self.group and len(self.group) < self.world_size:
+            within = "in the replica group of ranks %s: " % rank_ranges(self.group)
+        return " (%s%s)" % (within, "; ".join(parts))
+
+    def _of(self):
+        """What the check compared, when known: `` of Adam over generator.fc.weight, ...`` (else nothing)."""
+        return " of %s" % self.stream if self.stream else ""
 
     def _not_compared_note(self):
         if not self.not_compared:
@@ -153,22 +169,22 @@ class SyncReport(object):
 
     def message(self):
         if self.outcome == "out_of_step":
-            return ("SyncCheck: the replicas reached this check at different steps (%s); the check stands down "
-                    "rather than compare different steps." % (self.reason,))
+            return ("SyncCheck: the replicas%s reached this check at different steps (%s); the check stands down "
+                    "rather than compare different steps." % (self._of(), self.reason))
         if self.outcome == "unverified":
-            return "SyncCheck could not compare the replicas at %s: %s%s." % (_at(self.step), self.reason,
-                                                                              self._not_compared_note())
+            return "SyncCheck could not compare the replicas%s at %s: %s%s." % (self._of(), _at(self.step),
+                                                                                self.reason, self._not_compared_note())
         if self.outcome == "structure":
-            return ("SyncCheck: data-parallel replicas hold different models %s (%d replicas): %s. Every replica "
+            return ("SyncCheck: data-parallel replicas hold different models%s %s (%d replicas): %s. Every replica "
                     "must build the same model: the same parameter tensors, shapes and dtypes in the same order."
-                    % (self._when(), self.world_size, self.structure))
+                    % (self._of(), self._when(), self.world_size, self.structure))
         if self.outcome == "nonfinite":
-            return ("SyncCheck: parameters hold non-finite values (NaN/inf) at %s, bitwise the same on "
+            return ("SyncCheck: parameters%s hold non-finite values (NaN/inf) at %s, bitwise the same on "
                     "all %d replicas: the replicas agree (not a divergence), the training itself produced "
-                    "them: %s." % (_at(self.step), self.world_size, self._listed(self.nonfinite)))
+                    "them: %s." % (self._of(), _at(self.step), self.world_size, self._listed(self.nonfinite)))
         if self.outcome == "identical":
-            return ("SyncCheck: all %d parameter tensors bitwise identical on all %d replicas at %s%s."
-                    % (len(self.names), self.world_size, _at(self.step), self._not_compared_note()))
+            return ("SyncCheck: all %d parameter tensors%s bitwise identical on all %d replicas at %s%s."
+                    % (len(self.names), self._of(), self.world_size, _at(self.step), self._not_compared_note()))
         i = self.worst_index
         how = ("value-sum spread %.3g, relative divergence %.3g" % (self.spread[i], self.divergence[i])
                if self.spread[i] else "equal value sums: a sum-preserving difference, e.g. compensating "
@@ -176,9 +192,9 @@ class SyncReport(object):
         extra = ""
         if self.nonfinite:
             extra = "; non-finite values on some replicas only, in %s" % self._listed(self.nonfinite)
-        return ("SyncCheck: data-parallel replicas hold different parameters %s: %d of %d parameter tensors "
+        return ("SyncCheck: data-parallel replicas hold different parameters %s: %d of %d parameter tensors%s "
                 "differ bitwise across %d replicas%s: %s; worst %r: %s%s. %s"
-                % (self._when(), self.diverged_count, len(self.names), self.world_size, self._versions(),
+                % (self._when(), self.diverged_count, len(self.names), self._of(), self.world_size, self._versions(),
                    self._listed(self.differing), self.names[i], how, extra, self._next_step()))
 
     def _next_step(self):
@@ -207,7 +223,8 @@ class SyncReport(object):
                 "versions": self.versions,
                 "first_check": self.first_check, "started_different": self.started_different,
                 "identical_at": self.identical_at, "different_since": self.different_since,
-                "not_compared": [list(p) for p in self.not_compared]}
+                "not_compared": [list(p) for p in self.not_compared], "group": self.group, "rule": self.rule,
+                "stream": self.stream}
 
     def __repr__(self):
         return "SyncReport(%r)" % (self.as_dict(),)
