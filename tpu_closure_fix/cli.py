@@ -11,7 +11,7 @@ def _cmd_status(args):
     from .verify import fresh
 
     if args.here:
-        payload, error = fresh.payload(fresh.facts_here()), None
+        payload, error = report.payload(fresh.facts_here()), None
     else:
         payload, error = fresh.run_status(python=args.python)
     result = report.status_json(payload, error)

@@ -1,11 +1,13 @@
 """status(): one record per known call site, computed from live objects; the status outcome."""
 import importlib.util
 import json
+import os
 import sys
 
 from . import engine
 from . import sites as _sites
 from .releases import loaded_release, owning_distributions
+from .verify import child, fresh
 
 FIELDS = ("distribution", "release", "module", "method", "verdict", "reason", "variant", "integration")
 
@@ -177,8 +179,6 @@ def _site(record):
 def startup_gap(payload):
     """Why a training script started in the fresh interpreter runs installed sites unpatched although the
     shim would patch them once imported (its start-up hook does not run there), or None."""
-    from .verify import fresh
-
     active, why = fresh.startup_hook(payload["facts"])
     if active is None:  # not asked
         return None
@@ -216,8 +216,6 @@ def uncovered_reason(payload):
 def status_outcome(payload, error=None):
     """``(outcome, exit code, reason)`` of ``status`` from the fresh interpreter's payload
     (:func:`tpu_closure_fix.verify.fresh.run_status`). The first rule that applies decides."""
-    from .verify import fresh
-
     def outcome(name, reason):
         return name, EXIT_CODES[name], reason
 
@@ -261,8 +259,6 @@ def status_outcome(payload, error=None):
 
 def status_json(payload, error=None):
     """The one object ``status --json`` prints (schema :data:`JSON_SCHEMA`, see docs/cli.md)."""
-    from .verify import fresh
-
     name, code, reason = status_outcome(payload, error)
     facts = (payload or {}).get("facts") or {}
     active, why = fresh.startup_hook(facts) if facts else (None, "no report from the interpreter, see below")
@@ -282,6 +278,40 @@ def render_header(result):
     state = "unknown" if hook["active"] is None else "active" if hook["active"] else "INACTIVE"
     return _cell("python: %s (%s); start-up hook: %s%s" % (python["executable"] or "?", python["version"] or "?",
                                                             state, " (%s)" % hook["reason"] if hook["reason"] else ""))
+
+
+# --------------------------------------------------------------------------- in the fresh interpreter
+def child_main(facts):
+    """In the fresh interpreter (:mod:`.verify.fresh`), after the facts: list every site, print the payload."""
+    child.emit(payload(facts))
+
+
+def payload(facts):
+    """The facts with every site's record, as this process (importing every installed site module) sees it."""
+    import tpu_closure_fix
+    from .__about__ import __version__
+    from .verify import scan
+
+    failures = import_installed_sites()
+    records = status(import_errors=failures)
+    try:
+        uncovered, scan_error = scan.uncovered_steps(), None
+    except Exception as exc:  # the search itself failed: then nothing says the release is covered
+        uncovered, scan_error = [], "%s: %s" % (type(exc).__name__, exc)
+    return {"facts": facts, "records": records, "shim_version": __version__,
+            "shim_path": os.path.dirname(os.path.abspath(tpu_closure_fix.__file__)), "sync_check": _sync_check_line(),
+            "uncovered": uncovered, "scan_error": scan_error, "compiled_only": compiled_only(records)}
+
+
+def _sync_check_line():
+    """Whether the zero-code SyncCheck is armed; its module is only imported when its variable is set."""
+    from .config import SYNC_CHECK_VAR
+
+    if not os.environ.get(SYNC_CHECK_VAR):
+        return "zero-code sync check: off (%s unset)" % SYNC_CHECK_VAR
+    from .synccheck import hook
+
+    return hook.status_line()
 
 
 # --------------------------------------------------------------------------- compiled-only distributions

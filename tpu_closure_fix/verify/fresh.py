@@ -10,7 +10,7 @@ default, or ``--python PATH`` -- with the caller's environment and interpreter f
 1. before it imports anything: whether the start-up module is loaded and armed, where ``tpu_closure_fix``
    would be imported from, which site directories hold the ``.pth`` file, the interpreter's flags;
 2. then, importing the shim as the start-up hook would (or, when that interpreter cannot import it, this
-   process's copy, only to read the call-site table), every site's record (:func:`tpu_closure_fix.report.status`).
+   process's copy, only to read the call-site table), every site's record (:func:`tpu_closure_fix.report.payload`).
 
 :func:`startup_hook` turns the facts of (1) into "active" or "inactive, because ...", one numbered rule
 at a time. The child never searches the working directory (:func:`.child.python_code`).
@@ -55,8 +55,8 @@ _REPORT = r"""
 if _spec is None:
     sys.path.extend(__FALLBACK__)
 try:
-    from tpu_closure_fix.verify import fresh as _fresh
-    _fresh.child_main(facts)
+    from tpu_closure_fix import report as _report
+    _report.child_main(facts)
 except Exception as exc:
     import json
     facts["error"] = "%s: %s" % (type(exc).__name__, exc)
@@ -146,41 +146,6 @@ def run_status(python=None, flags=None, timeout=TIMEOUT):
     if run.payload is None:
         return None, "%s could not report: %s" % (python or sys.executable, run.error or run.stderr_tail())
     return run.payload, None
-
-
-def child_main(facts):
-    """In the fresh interpreter, after the facts: import the shim, list every site, print the payload."""
-    child.emit(payload(facts))
-
-
-def payload(facts):
-    """The facts with every site's record, as this process (importing every installed site module) sees it."""
-    import tpu_closure_fix
-    from tpu_closure_fix import report
-    from tpu_closure_fix.__about__ import __version__
-
-    from . import scan
-
-    failures = report.import_installed_sites()
-    records = report.status(import_errors=failures)
-    try:
-        uncovered, scan_error = scan.uncovered_steps(), None
-    except Exception as exc:  # the search itself failed: then nothing says the release is covered
-        uncovered, scan_error = [], "%s: %s" % (type(exc).__name__, exc)
-    return {"facts": facts, "records": records, "shim_version": __version__,
-            "shim_path": os.path.dirname(os.path.abspath(tpu_closure_fix.__file__)), "sync_check": _sync_check_line(),
-            "uncovered": uncovered, "scan_error": scan_error, "compiled_only": report.compiled_only(records)}
-
-
-def _sync_check_line():
-    """Whether the zero-code SyncCheck is armed; its module is only imported when its variable is set."""
-    from ..config import SYNC_CHECK_VAR
-
-    if not os.environ.get(SYNC_CHECK_VAR):
-        return "zero-code sync check: off (%s unset)" % SYNC_CHECK_VAR
-    from ..synccheck import hook
-
-    return hook.status_line()
 
 
 def startup_hook(facts):
