@@ -38,12 +38,15 @@ def _distribution(site_rows, package):
     return site_rows[0].distribution
 
 
-def status(import_errors=None):
+def status(import_errors=None, unpatched_reason=None):
     """List of dicts, one per (module, class.method) of the table.
 
     Keys: distribution, release, module, method, verdict, reason, variant, integration.
     ``verdict`` is one of: patched, fixed upstream, guarded, not installed,
-    not imported yet, not in this release, disabled, skipped, failed.
+    not imported yet, not in this release, disabled, skipped, failed, unpatched.
+    ``unpatched_reason``: given when the shim was left off because the interpreter asked about would never
+    activate it (its start-up hook does not run): a site the shim would patch is then ``unpatched`` with that
+    reason, which is what a script started there runs, rather than ``disabled``.
     ``integration`` is the name of the integration owning the site (``integrations.NAMES``: what
     ``TPU_CLOSURE_FIX_DISABLE`` names; its sites are then ``disabled``).
     Watched modules imported without the import hook firing are patched first
@@ -66,6 +69,8 @@ def status(import_errors=None):
         reason = finding.reason
         if verdict == engine.PATCHABLE:  # guards passed but the hook has not run (e.g. module reloaded)
             verdict, reason = engine.SKIPPED, "not patched yet (module re-imported after enable?)"
+        if verdict == engine.DISABLED and unpatched_reason:  # left off on purpose: the shim never runs there
+            verdict, reason = engine.UNPATCHED, unpatched_reason
         release = finding.release or (loaded_release(package) if verdict not in (engine.NOT_INSTALLED,) else None)
         records.append({
             "distribution": _distribution(rows, package) if verdict != engine.NOT_INSTALLED else rows[0].distribution,
@@ -182,8 +187,10 @@ def startup_gap(payload):
     active, why = fresh.startup_hook(payload["facts"])
     if active is None:  # not asked
         return None
-    # switched off, the sites' own records say so ("disabled"): that is the reason to give
-    needing = [r for r in installed(payload["records"]) if r["verdict"] not in (engine.FIXED_UPSTREAM, engine.DISABLED)]
+    # switched off, the sites' own records say so ("disabled"): that is the reason to give; a site whose module
+    # cannot be imported runs nothing at all (status_outcome's rule 5 names it)
+    needing = [r for r in installed(payload["records"])
+               if r["verdict"] not in (engine.FIXED_UPSTREAM, engine.DISABLED) and not import_failed(r)]
     if active or not needing:
         return None
     return ("the start-up hook does not run in %s (%s): a training script that does not import tpu_closure_fix "
@@ -281,9 +288,28 @@ def render_header(result):
 
 
 # --------------------------------------------------------------------------- in the fresh interpreter
+#: Why a site the shim would patch runs its original code in an interpreter whose start-up hook does not run.
+HOOK_INACTIVE = "start-up hook inactive"
+
+
 def child_main(facts):
-    """In the fresh interpreter (:mod:`.verify.fresh`), after the facts: list every site, print the payload."""
+    """In the fresh interpreter (:mod:`.verify.fresh`), after the facts and the held-back import of the shim:
+    activate it as that interpreter's start-up hook would (or not), list every site, print the payload."""
+    if not hook_leaves_shim_off(facts):
+        from . import activation
+
+        activation.activate()  # what the start-up module's import of tpu_closure_fix does at a watched import
     child.emit(payload(facts))
+
+
+def hook_leaves_shim_off(facts):
+    """True when a script started in the interpreter of ``facts`` never gets the shim although it is not switched
+    off (:func:`.verify.fresh.startup_hook` says inactive): no site is patched there. Switched off, the sites
+    say ``disabled`` with the switch's value, as everywhere."""
+    from .config import parse_switch
+
+    active, _ = fresh.startup_hook(facts)
+    return active is False and parse_switch(facts.get("switch"))[0]
 
 
 def payload(facts):
@@ -293,7 +319,7 @@ def payload(facts):
     from .verify import scan
 
     failures = import_installed_sites()
-    records = status(import_errors=failures)
+    records = status(import_errors=failures, unpatched_reason=HOOK_INACTIVE if hook_leaves_shim_off(facts) else None)
     try:
         uncovered, scan_error = scan.uncovered_steps(), None
     except Exception as exc:  # the search itself failed: then nothing says the release is covered

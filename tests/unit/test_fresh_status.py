@@ -420,11 +420,83 @@ def test_python_names_another_interpreter_and_the_report_is_about_it(tmp_path):
 
 
 
-def test_a_child_is_lent_only_the_shim_and_its_two_dependencies():
+def test_a_child_is_lent_only_the_shim():
+    """Not this process's wrapt or packaging: they need not run on the asked interpreter's Python."""
     with fresh._lent_folder() as folder:
-        assert sorted(os.listdir(folder)) == ["packaging", "tpu_closure_fix", "wrapt"]
+        assert sorted(os.listdir(folder)) == ["tpu_closure_fix"]
         assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
     assert not os.path.exists(folder)
+
+
+def _pythons_38():
+    """Interpreters of Python 3.8 on this machine (pyenv's, or python3.8 on PATH), never this one."""
+    import glob
+    import shutil
+
+    found = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python")))
+    on_path = shutil.which("python3.8")
+    return [p for p in found + ([on_path] if on_path else []) if os.path.realpath(p) != os.path.realpath(sys.executable)]
+
+
+@pytest.mark.skipif(not _pythons_38(), reason="no Python 3.8 interpreter on this machine (pyenv or python3.8 on PATH)")
+def test_python_at_3_8_from_this_interpreter_gets_a_verdict(tmp_path):
+    """This interpreter's wrapt and packaging (lent before) do not run on 3.8: the child answered COULD NOT VERIFY
+    (TypeError: unsupported operand type(s) for |). Lent the shim alone, a bare 3.8 gets its verdict."""
+    other = _pythons_38()[0]
+    proc = cli("status", "--python", other, "--json", env={"PYTHONPATH": ""}, cwd=str(tmp_path))
+    out = json.loads(proc.stdout)
+    assert out["python"]["version"].startswith("3.8."), out["python"]
+    assert (proc.returncode, out["outcome"]) == (0, "nothing to protect"), out["reason"]
+    assert out["startup_hook"] == {"active": False, "reason": "tpu_closure_fix is not installed for %s" % other}
+
+
+# --------------------------------------------------------------------------- what a script started there runs
+@pytest.mark.parametrize("given, off", [
+    (facts(), False),  # the hook runs: the shim is activated as it would be
+    (facts(switch="0", startup_armed=False), False),  # switched off: the sites say "disabled" themselves
+    (unarmed(shim_origin=None), True),  # not installed there: the shim never runs
+    (unarmed(flags={"no_site": True}), True),  # -S
+    (unarmed(shim_origin="/opt/deps/tpu_closure_fix/__init__.py", pth_in=[]), True),  # --target
+    (facts(here=True), False),  # status --here: this process, not asked
+])
+def test_the_shim_is_left_off_exactly_where_the_start_up_hook_leaves_it_off(given, off):
+    assert report.hook_leaves_shim_off(given) is off
+
+
+def _records_from(monkeypatch, finding, **kwargs):
+    """report.status() over a table whose every site is installed and examined as ``finding``."""
+    monkeypatch.setattr(report, "_installed", lambda package: True)
+    monkeypatch.setattr(report.engine, "reconcile", lambda: [])
+    monkeypatch.setattr(report.engine, "examine", lambda key: finding)
+    monkeypatch.setattr(report, "_distribution", lambda rows, package: rows[0].distribution)
+    return report.status(**kwargs)
+
+
+def test_a_site_left_off_because_the_hook_does_not_run_is_unpatched_not_disabled(monkeypatch):
+    from tpu_closure_fix import engine
+
+    off = engine.Finding(engine.DISABLED, "TPU_CLOSURE_FIX=0", None, "1.8.6", None)
+    records = _records_from(monkeypatch, off, unpatched_reason=report.HOOK_INACTIVE)
+    assert {(r["verdict"], r["reason"]) for r in records} == {("unpatched", "start-up hook inactive")}
+    assert all(r in report.unprotected(records) for r in records)
+    # the twin: switched off by the user, the records keep saying so
+    records = _records_from(monkeypatch, off)
+    assert {(r["verdict"], r["reason"]) for r in records} == {("disabled", "TPU_CLOSURE_FIX=0")}
+    # a site the shim would leave alone anyway keeps its own verdict
+    skipped = engine.Finding(engine.SKIPPED, "unknown release 9.9", None, "9.9", None)
+    records = _records_from(monkeypatch, skipped, unpatched_reason=report.HOOK_INACTIVE)
+    assert {r["verdict"] for r in records} == {"skipped"}
+
+
+def test_a_hook_gap_never_counts_sites_that_cannot_be_imported():
+    """Sites whose module fails to import run nothing: with the hook inactive they are not "run unpatched"; the
+    outcome is the import failure's (could not verify)."""
+    target = dict(startup_armed=False, shim_origin="/opt/deps/tpu_closure_fix/__init__.py", pth_in=[])
+    broken = record("failed", reason=report.IMPORT_FAILED + "ModuleNotFoundError: No module named 'torch'")
+    assert report.status_outcome(payload([broken], **target))[:2] == ("could not verify", 3)
+    unpatched = record("unpatched", method="Other.step", reason=report.HOOK_INACTIVE)
+    name, code, reason = report.status_outcome(payload([broken, unpatched], **target))
+    assert (name, code) == ("unprotected", 1) and "runs 1 affected site(s) unpatched" in reason, reason
 
 
 def test_an_interpreter_that_cannot_start_could_not_verify_exit_3(tmp_path):

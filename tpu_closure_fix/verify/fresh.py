@@ -9,8 +9,10 @@ default, or ``--python PATH`` -- with the caller's environment and interpreter f
 
 1. before it imports anything: whether the start-up module is loaded and armed, where ``tpu_closure_fix``
    would be imported from, which site directories hold the ``.pth`` file, the interpreter's flags;
-2. then, importing the shim as the start-up hook would (or, when that interpreter cannot import it, this
-   process's copy, only to read the call-site table), every site's record (:func:`tpu_closure_fix.report.payload`).
+2. then, importing the shim held back (the interpreter's own copy, or, when it cannot import one, this
+   process's, only to read the call-site table) and activating it only where the start-up hook would, every
+   site's record (:func:`tpu_closure_fix.report.payload`): what a script started there runs. Where the hook
+   does not run, a site the shim would patch is ``unpatched (start-up hook inactive)``, never ``patched``.
 
 :func:`startup_hook` turns the facts of (1) into "active" or "inactive, because ...", one numbered rule
 at a time. The child never searches the working directory (:func:`.child.python_code`).
@@ -50,18 +52,33 @@ facts["site_dirs"] = _dirs
 facts["pth_in"] = [d for d in _dirs if os.path.isfile(os.path.join(d, __PTH__))]
 """
 
-# Then: the shim (the interpreter's own, else this process's copy, last on the path) lists every site.
+# Then: the shim (the interpreter's own, else this process's copy, last on the path) lists every site. It is
+# imported held back (switched off, the zero-code check not asked for): the interpreter that trains activates it
+# only through its start-up hook, so report.child_main activates it only where that hook runs.
 _REPORT = r"""
 if _spec is None:
+    sys.dont_write_bytecode = True  # the lent copy is this process's: nothing written into it
     sys.path.extend(__FALLBACK__)
+_held = {name: os.environ.pop(name, None) for name in __HELD__}
+os.environ["TPU_CLOSURE_FIX"] = "0"
 try:
-    from tpu_closure_fix import report as _report
+    try:
+        from tpu_closure_fix import report as _report
+    finally:
+        for _name, _value in _held.items():
+            os.environ.pop(_name, None)
+            if _value is not None:
+                os.environ[_name] = _value
     _report.child_main(facts)
 except Exception as exc:
     import json
     facts["error"] = "%s: %s" % (type(exc).__name__, exc)
     sys.stdout.write(__MARKER__ + json.dumps({"facts": facts}) + "\n")
 """
+
+#: The variables the child's import of the shim runs without (see ``_REPORT``): the switch, and the zero-code
+#: check's, which activation arms whatever the switch says.
+HELD = ("TPU_CLOSURE_FIX", "TPU_CLOSURE_FIX_SYNC_CHECK")
 
 
 def facts_here():
@@ -92,16 +109,19 @@ def caller_flags(flags=None):
     return out
 
 
-#: What a child that cannot import the shim itself is lent, and nothing else of this process's environment.
-LENT = ("tpu_closure_fix", "wrapt", "packaging")
+#: What a child that cannot import the shim itself is lent, and nothing else of this process's environment. Not
+#: wrapt nor packaging: this process's copies may not run on the child's Python (the asked interpreter can be
+#: any 3.8+). The lent shim is never activated there (its start-up hook cannot run: the shim is not installed),
+#: so it needs no wrapt; it compares releases with the child's own packaging, which every framework needs.
+LENT = ("tpu_closure_fix",)
 
 
 @contextlib.contextmanager
 def _lent_folder():
-    """A private folder (``mkdtemp``, mode 0700) holding only this process's tpu_closure_fix, wrapt and
-    packaging (links, or copies where links fail): appended last to the path of a child that cannot import
-    the shim itself, so that it can read the call-site table without seeing this process's other packages
-    (its frameworks would be taken for the asked interpreter's). Removed afterwards."""
+    """A private folder (``mkdtemp``, mode 0700) holding only this process's tpu_closure_fix (a link, or a copy
+    where links fail): appended last to the path of a child that cannot import the shim itself, so that it can
+    read the call-site table without seeing this process's other packages (its frameworks would be taken for
+    the asked interpreter's). Removed afterwards."""
     folder = tempfile.mkdtemp(prefix="tpu-closure-fix-lent-")
     try:
         for name in LENT:
@@ -121,7 +141,7 @@ def _lent_folder():
 def command(python=None, flags=None, lent=None):
     """The fresh interpreter's command line (``lent``: the folder of :func:`_lent_folder`)."""
     code = (_FACTS + _REPORT).replace("__PTH__", repr(PTH)).replace("__FALLBACK__", repr([lent] if lent else [])) \
-        .replace("__MARKER__", repr(child.RESULT_MARK))
+        .replace("__MARKER__", repr(child.RESULT_MARK)).replace("__HELD__", repr(HELD))
     argv = child.python_code(code, python=python)
     return argv[:1] + (caller_flags() if flags is None else list(flags)) + argv[1:]
 
