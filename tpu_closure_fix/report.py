@@ -88,27 +88,105 @@ def status(import_errors=None, unpatched_reason=None):
 def import_installed_sites():
     """Import every call-site module whose package is installed; return {module: Finding} for failures.
 
-    A module missing from the installed release is ABSENT; any other import
-    error is FAILED with the error text.
+    Each site's package is imported first: when it cannot be imported, every site of it is FAILED with that
+    error (and the fix, where the cause is known: :func:`known_fix`), whatever submodules its failed import
+    left behind (they would read as a release without ``__version__``). A module missing from the installed
+    release is ABSENT; any other import error of a module is FAILED with the error text.
     """
-    failures = {}
+    failures, broken = {}, {}
     for module_name in _sites.module_names():
         package = _sites.rows_for(module_name)[0].package
-        if not _installed(package) or module_name in sys.modules:
+        if not _installed(package):
+            continue
+        if package not in broken:
+            broken[package] = _package_import_error(package)
+        if broken[package] is not None:
+            failures[module_name] = engine.Finding(engine.FAILED, broken[package], None, None, None) \
+                if _may_hold(package, module_name) else engine.Finding(engine.ABSENT, "module not in this release",
+                                                                       None, None, None)
+            continue
+        if module_name in sys.modules:
             continue
         try:
             importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            if _names_module_of(exc, module_name):
                 failures[module_name] = engine.Finding(engine.ABSENT, "module not in this release", None,
                                                        loaded_release(package), None)
             else:
-                failures[module_name] = engine.Finding(engine.FAILED, IMPORT_FAILED + _exception_line(exc),
-                                                       None, None, None)
+                failures[module_name] = engine.Finding(engine.FAILED, _import_failed(exc), None, None, None)
         except Exception as exc:
-            failures[module_name] = engine.Finding(engine.FAILED, IMPORT_FAILED + _exception_line(exc),
-                                                   None, None, None)
+            failures[module_name] = engine.Finding(engine.FAILED, _import_failed(exc), None, None, None)
     return failures
+
+
+def _names_module_of(exc, module_name):
+    """True when the ModuleNotFoundError ``exc`` is about ``module_name`` itself or a package holding it (the
+    module is not in this release), not about something it imports."""
+    return bool(exc.name) and (module_name == exc.name or module_name.startswith(exc.name + "."))
+
+
+def _may_hold(package, module_name):
+    """Whether the installed ``package``, which cannot be imported, may hold the site module ``module_name``: its
+    file is there, or no site module of the package has a file there (then nothing tells which are in it)."""
+    modules = [name for name in _sites.module_names() if _sites.rows_for(name)[0].package == package]
+    return _source_exists(module_name) or not any(_source_exists(name) for name in modules)
+
+
+def _source_exists(module_name):
+    """True unless the installed top-level package of ``module_name`` (located by ``find_spec``, which runs
+    nothing of a top-level package) is a folder without that module's file or package: whether a site module is
+    in the release, told without importing a package that fails to import."""
+    parts = module_name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        return True
+    locations = list(getattr(spec, "submodule_search_locations", None) or [])
+    if not locations:
+        return True  # not a folder on disk (a zip, a frozen package): cannot tell, so it may be there
+    for location in locations:
+        path = os.path.join(location, *parts[1:])
+        if os.path.isfile(path + ".py") or os.path.isdir(path):
+            return True
+    return False
+
+
+def _package_import_error(package):
+    """The reason of a ``failed`` site when ``package`` (a site's package, ``optimum.neuron``) cannot be imported,
+    else None (a package of a namespace that is not there: its sites' modules say "not in this release")."""
+    if package in sys.modules:
+        return None
+    try:
+        importlib.import_module(package)
+    except ModuleNotFoundError as exc:
+        return None if _names_module_of(exc, package) else _import_failed(exc)
+    except Exception as exc:
+        return _import_failed(exc)
+    return None
+
+
+def _import_failed(exc):
+    """A failed site's reason: :data:`IMPORT_FAILED`, the exception line and, where the cause is known, its fix."""
+    fix = known_fix(exc)
+    return IMPORT_FAILED + _exception_line(exc) + ("; fix: %s" % fix if fix else "")
+
+
+def known_fix(exc, numpy_release=None):
+    """The install line that fixes an import failure whose cause is known, else None.
+
+    * No module named ``pkg_resources``: setuptools 81 dropped it, and Lightning before 2.0 (pytorch-lightning,
+      lightning, the lightning_lite it ships) imports it at start.
+    * numpy 2 installed and the error names numpy (pytorch-lightning 1.0.x uses names numpy 2 removed).
+    ``numpy_release``: the installed numpy's version (default: read from its metadata, never imported).
+    """
+    if isinstance(exc, ModuleNotFoundError) and exc.name == "pkg_resources":
+        return "pip install 'setuptools<81'"
+    if "numpy" in str(exc).lower():
+        release = numpy_release if numpy_release is not None else _metadata_release("numpy")
+        if release and release.split(".")[0].isdigit() and int(release.split(".")[0]) >= 2:
+            return "pip install 'numpy<2'"
+    return None
 
 
 def _exception_line(exc):

@@ -615,3 +615,58 @@ def test_status_with_a_framework_behind_a_relative_pythonpath_could_not_verify_a
     # the twin: the same folder by its absolute path is searched and judged (here: an uncovered step)
     proc = cli("status", env={"PYTHONPATH": os.pathsep.join([folder, REPO])}, cwd=str(tmp_path))
     assert proc.returncode == 3 and "XLA optimizer step no row covers" in proc.stdout, proc.stdout
+
+
+# --------------------------------------------------------------------------- a framework that cannot be imported
+def test_known_fixes_of_import_failures_rule_by_rule():
+    no_pkg_resources = ModuleNotFoundError("No module named 'pkg_resources'", name="pkg_resources")
+    assert report.known_fix(no_pkg_resources) == "pip install 'setuptools<81'"
+    assert report.known_fix(ModuleNotFoundError("No module named 'yaml'", name="yaml")) is None
+    removed = AttributeError("`np.Inf` was removed in the NumPy 2.0 release. Use `np.inf` instead.")
+    assert report.known_fix(removed, numpy_release="2.4.6") == "pip install 'numpy<2'"
+    assert report.known_fix(removed, numpy_release="1.26.4") is None  # numpy 1: not the cause
+    assert report.known_fix(AttributeError("no attribute 'x'"), numpy_release="2.4.6") is None
+    assert report.known_fix(removed, numpy_release="") is None  # numpy not installed
+
+
+#: A pytorch-lightning 1.8.6 as it fails with setuptools >= 81: its __init__ imports some of its modules, then
+#: ``pkg_resources`` (what lightning_lite's __init__ does), which is not there.
+FAILING_INIT = '''
+__version__ = "1.8.6"
+from pytorch_lightning.plugins.precision import tpu  # a submodule that stays imported after the failure
+raise ModuleNotFoundError(%r, name=%r)
+'''
+
+
+def _unimportable(root, missing):
+    package = root / "pytorch_lightning"
+    (package / "plugins" / "precision").mkdir(parents=True)
+    (package / "__init__.py").write_text(FAILING_INIT % ("No module named %r" % missing, missing))
+    (package / "plugins" / "__init__.py").write_text("")
+    (package / "plugins" / "precision" / "__init__.py").write_text("")
+    (package / "plugins" / "precision" / "tpu.py").write_text(
+        "class TPUPrecisionPlugin:\n    def optimizer_step(self, optimizer, model, closure, **kwargs):\n"
+        "        return optimizer.step(closure=closure, **kwargs)\n")
+    return str(root)
+
+
+@pytest.mark.parametrize("missing, fix", [("pkg_resources", "pip install 'setuptools<81'"), ("yaml", None)])
+def test_a_framework_that_cannot_be_imported_could_not_verify_naming_the_error_and_the_fix(tmp_path, missing, fix):
+    """Before, its leftover submodule read as a release without __version__: "skipped", UNPROTECTED (exit 1)."""
+    folder = _unimportable(tmp_path / "site", missing)
+    proc = cli("status", "--json", env={"PYTHONPATH": os.pathsep.join([folder, REPO])}, cwd=str(tmp_path))
+    out = json.loads(proc.stdout)
+    assert (proc.returncode, out["outcome"]) == (3, "could not verify"), out["reason"]
+    rows = [r for r in out["sites"] if r["verdict"] not in ("not installed", "not in this release")]
+    error = "import failed: ModuleNotFoundError: No module named %r" % missing
+    assert rows and all(r["verdict"] == "failed" and r["reason"].startswith(error) for r in rows), rows
+    assert ("pytorch_lightning.plugins.precision.tpu:TPUPrecisionPlugin.optimizer_step" in
+            ["%s:%s" % (r["module"], r["method"]) for r in rows])
+    assert error in out["reason"]
+    # a site module whose file the release does not hold is not in it (its neighbour's file is there)
+    xla = [r for r in out["sites"] if r["module"] == "pytorch_lightning.plugins.precision.xla"]
+    assert xla and {r["verdict"] for r in xla} == {"not in this release"}, xla
+    if fix:
+        assert "fix: %s" % fix in out["reason"], out["reason"]
+    else:
+        assert "fix:" not in out["reason"], out["reason"]
