@@ -43,6 +43,9 @@ def add_parser(subparsers):
     parser.add_argument("--no-graph", action="store_true", help="skip the torch_xla graph check")
     parser.add_argument("--python", metavar="PATH", type=_existing_python,
                         help="ask about another interpreter (e.g. the venv a job uses; default: this one)")
+    from .verify.script_dir import SCRIPT_HELP, script_argument
+
+    parser.add_argument("--script", metavar="PATH", type=script_argument, help=SCRIPT_HELP)
     parser.add_argument("--xla-python", type=_existing_python,
                         help="python of an environment with torch_xla for the graph check (default: --python, or "
                              "this interpreter)")
@@ -245,8 +248,9 @@ def run(args):
     from .verify import events as eventcheck
     from .verify import fresh
 
-    payload, error = fresh.run_status(python=args.python, timeout=args.timeout)
-    if payload is None or "records" not in payload:
+    payload, error = fresh.run_status(python=args.python, timeout=args.timeout, script=args.script)
+    # no records, or a framework beside the script (what runs is not what the self-tests would drive): no verdict
+    if payload is None or "records" not in payload or (payload.get("beside_script") or {}).get("found"):
         status = report.status_json(payload, error)
         outcome = Outcome(status["outcome"], status["exit_code"], status["reason"])
         return _print_result(args, outcome, status, {}, None, [])

@@ -13,7 +13,7 @@ def _cmd_status(args):
     if args.here:
         payload, error = report.payload(fresh.facts_here()), None
     else:
-        payload, error = fresh.run_status(python=args.python)
+        payload, error = fresh.run_status(python=args.python, script=args.script)
     result = report.status_json(payload, error)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
@@ -57,6 +57,9 @@ def build_parser():
     status.add_argument("--all", action="store_true", help="also list sites that are not installed")
     status.add_argument("--python", metavar="PATH", type=existing_python,
                         help="ask about another interpreter (e.g. the venv a job uses; default: this one)")
+    from .verify.script_dir import SCRIPT_HELP, script_argument
+
+    status.add_argument("--script", metavar="PATH", type=script_argument, help=SCRIPT_HELP)
     status.add_argument("--here", action="store_true", help=argparse.SUPPRESS)  # this process (test doubles)
     status.set_defaults(func=_cmd_status)
     from . import check, launcher

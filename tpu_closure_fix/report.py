@@ -7,7 +7,7 @@ import sys
 from . import engine
 from . import sites as _sites
 from .releases import loaded_release, owning_distributions
-from .verify import child, fresh
+from .verify import child, fresh, script_dir
 
 FIELDS = ("distribution", "release", "module", "method", "verdict", "reason", "variant", "integration")
 
@@ -266,7 +266,7 @@ def startup_gap(payload):
     if active is None:  # not asked
         return None
     # switched off, the sites' own records say so ("disabled"): that is the reason to give; a site whose module
-    # cannot be imported runs nothing at all (status_outcome's rule 5 names it)
+    # cannot be imported runs nothing at all (status_outcome's rule 6 names it)
     needing = [r for r in installed(payload["records"])
                if r["verdict"] not in (engine.FIXED_UPSTREAM, engine.DISABLED) and not import_failed(r)]
     if active or not needing:
@@ -309,23 +309,28 @@ def status_outcome(payload, error=None):
         why = error or (payload or {}).get("facts", {}).get("error") or "no report"
         return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s." % why)
     python = payload["facts"].get("executable")
+    # 2. A framework in the training script's directory is what a script run from there imports: the child never
+    #    searched that directory, so no verdict is about it.
+    beside = payload.get("beside_script") or {}
+    if beside.get("found"):
+        return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s." % script_dir.reason(beside["found"], beside["directory"]))
     sites = installed(payload["records"])
-    # 2. No site the shim covers is installed and no uncovered XLA step found: said as such, never "protected".
+    # 3. No site the shim covers is installed and no uncovered XLA step found: said as such, never "protected".
     if not sites and not uncovered_reason(payload):
         return outcome(NOTHING_TO_PROTECT, "NOTHING TO PROTECT: no framework or torch_xla release the shim covers "
                                            "is installed for %s." % python)
-    # 3. The start-up hook does not run there: a script that does not import the shim runs the sites
+    # 4. The start-up hook does not run there: a script that does not import the shim runs the sites
     #    that need it unpatched, whatever the shim would do once imported.
     gap = startup_gap(payload)
     if gap:
         return outcome(UNPROTECTED, "UNPROTECTED: " + gap)
-    # 4. An installed site runs the buggy code (a module that cannot be imported runs no code at all: rule 5).
+    # 5. An installed site runs the buggy code (a module that cannot be imported runs no code at all: rule 6).
     bad = [r for r in unprotected(sites) if not import_failed(r)]
     if bad:
         return outcome(UNPROTECTED, "UNPROTECTED: %d installed affected site(s) run the buggy code: %s." % (
             len(bad), "; ".join("%s (%s%s)" % (_site(r), r["verdict"], ": " + r["reason"] if r["reason"] else "")
                                 for r in bad)))
-    # 5. An installed framework holds an XLA optimizer step no row covers (or the search failed), or a site's
+    # 6. An installed framework holds an XLA optimizer step no row covers (or the search failed), or a site's
     #    module cannot be imported: no verdict.
     unknown = uncovered_reason(payload)
     if unknown:
@@ -334,7 +339,7 @@ def status_outcome(payload, error=None):
     if broken:
         return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s cannot be imported (%s)%s." % (
             _site(broken[0]), broken[0]["reason"], " (and %d more)" % (len(broken) - 1) if len(broken) > 1 else ""))
-    # 6. Every installed site is patched, guarded or fixed upstream.
+    # 7. Every installed site is patched, guarded or fixed upstream.
     active, _ = fresh.startup_hook(payload["facts"])
     hook = {True: "start-up hook active", False: "start-up hook inactive, no site needs it",
             None: "start-up hook not asked"}[active]
@@ -354,6 +359,7 @@ def status_json(payload, error=None):
             "shim_version": (payload or {}).get("shim_version"), "shim_path": (payload or {}).get("shim_path"),
             "sync_check": (payload or {}).get("sync_check"), "sites": (payload or {}).get("records") or [],
             "uncovered": (payload or {}).get("uncovered") or [],
+            "beside_script": ((payload or {}).get("beside_script") or {}).get("found") or [],
             "compiled_only": (payload or {}).get("compiled_only") or []}
 
 
@@ -404,7 +410,27 @@ def payload(facts):
         uncovered, scan_error = [], "%s: %s" % (type(exc).__name__, exc)
     return {"facts": facts, "records": records, "shim_version": __version__,
             "shim_path": os.path.dirname(os.path.abspath(tpu_closure_fix.__file__)), "sync_check": _sync_check_line(),
-            "uncovered": uncovered, "scan_error": scan_error, "compiled_only": compiled_only(records)}
+            "uncovered": uncovered, "scan_error": scan_error, "compiled_only": compiled_only(records),
+            "origins": _origins(_sites.top_level_packages())}
+
+
+def _origins(packages):
+    """{package: the folders (a package) or the file (a module) this process imported it from, or would}."""
+    found = {}
+    for package in packages:
+        module = sys.modules.get(package)
+        if module is not None:
+            locations = list(getattr(module, "__path__", None) or []) or [getattr(module, "__file__", None)]
+        else:
+            try:
+                spec = importlib.util.find_spec(package)
+            except (ImportError, ValueError):
+                spec = None
+            locations = (list(spec.submodule_search_locations or []) or [spec.origin]) if spec is not None else []
+        locations = [location for location in locations if isinstance(location, str)]
+        if locations:
+            found[package] = locations
+    return found
 
 
 def _sync_check_line():

@@ -146,8 +146,12 @@ def command(python=None, flags=None, lent=None):
     return argv[:1] + (caller_flags() if flags is None else list(flags)) + argv[1:]
 
 
-def run_status(python=None, flags=None, timeout=TIMEOUT):
+def run_status(python=None, flags=None, timeout=TIMEOUT, script=None):
     """``(payload, error)``: the fresh interpreter's facts and records, or None and why it failed.
+
+    ``payload["beside_script"]``: the framework packages in the directory of the training script ``script``
+    (default: the working directory) that a script run from there imports instead of what the child imported
+    (:mod:`.script_dir`; the child never searches that directory), with that ``directory``.
 
     A ``PYTHONPATH`` entry relative to the working directory is never followed by a child (see
     :func:`tpu_closure_fix.verify.child.safe_environment`); the interpreter that trains would follow it, so
@@ -165,7 +169,22 @@ def run_status(python=None, flags=None, timeout=TIMEOUT):
         run = child.run_child(command(python, flags, lent), timeout, env=child.safe_environment())
     if run.payload is None:
         return None, "%s could not report: %s" % (python or sys.executable, run.error or run.stderr_tail())
+    if "records" in run.payload:
+        run.payload["beside_script"] = _beside_script(run.payload, flags, script)
     return run.payload, None
+
+
+def _beside_script(payload, flags, script):
+    """``{"directory", "found"}``: what :func:`.script_dir.shadowing` finds in the training script's directory,
+    where the asked interpreter searches it (``found`` is empty where it does not)."""
+    from .. import sites
+    from . import script_dir
+
+    directory = script_dir.directory_of(script)
+    found = []
+    if script_dir.searched(flags, payload["facts"].get("version"), os.environ):
+        found = script_dir.shadowing(directory, sites.top_level_packages(), payload.get("origins") or {})
+    return {"directory": directory, "found": found}
 
 
 def startup_hook(facts):
