@@ -56,12 +56,17 @@ def add_parser(subparsers):
 
 
 def _existing_python(text):
+    """An ``argparse`` type: an executable interpreter, by path or by a name looked up on PATH as a shell does
+    (never in the working directory: :func:`.verify.child.interpreter_path`)."""
     import argparse
 
-    path = os.path.abspath(text)
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        raise argparse.ArgumentTypeError("%s is not an executable file (give the python of an environment "
-                                         "with torch_xla, e.g. /path/to/venv/bin/python)" % text)
+    from .verify.child import interpreter_path
+
+    path = interpreter_path(text)
+    if path is None:
+        raise argparse.ArgumentTypeError("%s is not an executable file%s (give the python of an environment "
+                                         "with torch_xla, e.g. /path/to/venv/bin/python)"
+                                         % (text, " on PATH" if os.sep not in text else ""))
     return path
 
 

@@ -30,13 +30,17 @@ def _cmd_status(args):
 
 
 def existing_python(text):
-    """An ``argparse`` type: the path of an executable interpreter."""
+    """An ``argparse`` type: an executable interpreter, by path or by a name looked up on PATH as a shell does
+    (never in the working directory: :func:`.verify.child.interpreter_path`)."""
+    from .verify.child import interpreter_path
+
     import os
 
-    if not (os.path.isfile(text) and os.access(text, os.X_OK)):
-        raise argparse.ArgumentTypeError("%s is not an executable file (give the python of an environment, e.g. "
-                                         "/path/to/venv/bin/python)" % text)
-    return os.path.abspath(text)  # the file checked, never a same-named one on PATH
+    path = interpreter_path(text)
+    if path is None:
+        raise argparse.ArgumentTypeError("%s is not an executable file%s (give the python of an environment, e.g. "
+                                         "/path/to/venv/bin/python)" % (text, " on PATH" if os.sep not in text else ""))
+    return path  # the file checked, never a same-named one found later
 
 
 def build_parser():
