@@ -248,6 +248,11 @@ def _run_graph(args):
     return graphcheck.run_graph_check(timeout=args.timeout, python=python, env=env), None
 
 
+#: Why the self-tests did not run, by the status rule that decided without them.
+NOT_RUN_BESIDE_SCRIPT = "a framework in the script's directory is what runs there (see the outcome)"
+NOT_RUN_NO_HOOK = "the start-up hook does not run there: a script started there runs no fix (see the outcome)"
+
+
 def run(args):
     from . import report
     from .verify import events as eventcheck
@@ -258,14 +263,26 @@ def run(args):
     if payload is None or "records" not in payload or (payload.get("beside_script") or {}).get("found"):
         status = report.status_json(payload, error)
         outcome = Outcome(status["outcome"], status["exit_code"], status["reason"])
-        return _print_result(args, outcome, status, {}, None, [])
+        why = NOT_RUN_BESIDE_SCRIPT if payload and "records" in payload else None
+        return _print_result(args, outcome, status, _not_run(why), None, why)
     records = payload["records"]
     unprotected = report.unprotected(records)
-    events = eventcheck.run_event_check(timeout=args.timeout, python=args.python)
-    graph, graph_unavailable = _run_graph(args)
+    gap = report.startup_gap(payload)
+    if gap:
+        # the self-tests would drive the shim's fix, which a script started there never gets: the table and the
+        # outcome say what runs, and no self-test line says "patched" beside them
+        events, graph, graph_unavailable = _not_run(NOT_RUN_NO_HOOK), None, NOT_RUN_NO_HOOK
+    else:
+        events = eventcheck.run_event_check(timeout=args.timeout, python=args.python)
+        graph, graph_unavailable = _run_graph(args)
     outcome = decide(unprotected, events, graph, graph_unavailable, installed=len(report.installed(records)),
-                     startup_gap=report.startup_gap(payload), uncovered=report.uncovered_reason(payload))
+                     startup_gap=gap, uncovered=report.uncovered_reason(payload))
     return _print_result(args, outcome, report.status_json(payload, error), events, graph, graph_unavailable)
+
+
+def _not_run(why):
+    """The event-order result of a self-test that was not run, and why (None: nothing to say)."""
+    return {"ok": False, "error": None, "sites": [], "untested": [], "not_run": why}
 
 
 def _print_result(args, outcome, status, events, graph, graph_unavailable):
@@ -308,6 +325,8 @@ def render_events(events):
     lines.extend(_render_untested(events))
     if events.get("error"):
         lines.append("  could not run: " + events["error"])
+    elif events.get("not_run"):
+        lines.append("  not run: " + events["not_run"])
     elif not events.get("sites") and not events.get("untested"):
         lines.append("  nothing to test: no installed call site")
     return lines

@@ -170,6 +170,8 @@ def test_a_target_install_is_unprotected_naming_the_reason_and_the_fix(target_in
     assert "Fix: install tpu-closure-fix into the interpreter's site-packages" in out["reason"]
     assert out["python"]["executable"] == python and out["shim_path"] == os.path.join(folder, "tpu_closure_fix")
     assert_rows_say_unpatched(out)
+    if command == "check":  # no self-test line says "patched" either: they drive a fix that never runs there
+        assert out["event_check"]["sites"] == [] and "start-up hook does not run" in out["event_check"]["not_run"]
     # the fact behind the verdict: a script started there (no import of the shim) runs the sites unpatched
     result, _ = run_probe(python, probe_dir, pythonpath_extra=[folder])
     assert_unpatched(result)

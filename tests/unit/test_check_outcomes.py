@@ -305,3 +305,9 @@ def test_check_text_output_prints_on_an_ascii_stdout(tmp_path):
         env_extra={"PYTHONIOENCODING": "ascii"})
     assert proc.returncode == 3 and b"Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert b"caf\\xe9" in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
+
+
+def test_a_self_test_not_run_says_why_never_nothing_to_test():
+    lines = check.render_events(check._not_run(check.NOT_RUN_NO_HOOK))
+    assert lines[1:] == ["  not run: " + check.NOT_RUN_NO_HOOK]
+    assert check.render_events(check._not_run(None))[1:] == ["  nothing to test: no installed call site"]
