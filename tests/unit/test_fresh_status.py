@@ -670,3 +670,32 @@ def test_a_framework_that_cannot_be_imported_could_not_verify_naming_the_error_a
         assert "fix: %s" % fix in out["reason"], out["reason"]
     else:
         assert "fix:" not in out["reason"], out["reason"]
+
+
+@pytest.mark.parametrize("given, activated", [(facts(), True), (facts(switch="0", startup_armed=False), True),
+                                              (unarmed(shim_origin=None), False)])
+def test_the_child_activates_the_shim_only_where_the_start_up_hook_would(monkeypatch, given, activated):
+    """The fresh child imported the shim held back; switched off it still activates (the switch's reason, as the
+    start-up module does), with the hook inactive it never does."""
+    from tpu_closure_fix import activation
+
+    calls = []
+    monkeypatch.setattr(activation, "activate", lambda: calls.append("activate"))
+    monkeypatch.setattr(report, "payload", lambda f: {"facts": f})
+    monkeypatch.setattr(report.child, "emit", lambda value: calls.append("emit"))
+    report.child_main(given)
+    assert calls == (["activate", "emit"] if activated else ["emit"])
+
+
+def test_a_site_module_is_told_apart_by_its_file_without_importing(tmp_path, monkeypatch):
+    package = tmp_path / "pytorch_lightning"
+    (package / "plugins" / "precision").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('never imported')\n")
+    (package / "plugins" / "precision" / "tpu.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert report._source_exists("pytorch_lightning.plugins.precision.tpu")
+    assert not report._source_exists("pytorch_lightning.plugins.precision.xla")
+    assert report._may_hold("pytorch_lightning", "pytorch_lightning.plugins.precision.tpu")
+    assert not report._may_hold("pytorch_lightning", "pytorch_lightning.plugins.precision.xla")
+    (package / "plugins" / "precision" / "tpu.py").unlink()  # no site file at all: nothing tells, so each may be
+    assert report._may_hold("pytorch_lightning", "pytorch_lightning.plugins.precision.xla")
