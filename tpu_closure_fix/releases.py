@@ -69,8 +69,11 @@ def _version_types():
     """``(Version, InvalidVersion)`` of ``packaging.version``, imported at the first comparison: an interpreter
     with no framework installed may have no ``packaging`` (``status --python`` asks such interpreters too), and
     nothing is compared there."""
-    from packaging.version import InvalidVersion, Version
-
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError as exc:  # said with its fix: the interpreter asked about may lack it
+        raise ImportError("packaging is not importable (%s): the release guard compares releases with it; "
+                          "pip install packaging" % exc)
     return Version, InvalidVersion
 
 

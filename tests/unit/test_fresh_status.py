@@ -699,3 +699,14 @@ def test_a_site_module_is_told_apart_by_its_file_without_importing(tmp_path, mon
     assert not report._may_hold("pytorch_lightning", "pytorch_lightning.plugins.precision.xla")
     (package / "plugins" / "precision" / "tpu.py").unlink()  # no site file at all: nothing tells, so each may be
     assert report._may_hold("pytorch_lightning", "pytorch_lightning.plugins.precision.xla")
+
+
+def test_an_interpreter_without_packaging_is_told_the_fix(monkeypatch):
+    """An interpreter asked with --python lends its own packaging; without one, the comparison says what to do."""
+    from tpu_closure_fix import releases
+
+    monkeypatch.setitem(sys.modules, "packaging.version", None)
+    with pytest.raises(ImportError, match="pip install packaging"):
+        releases.in_range("1.8.6", ">=1.5.0,<1.9.0")
+    monkeypatch.undo()
+    assert releases.in_range("1.8.6", ">=1.5.0,<1.9.0")  # the twin: packaging there, the release compared
