@@ -403,13 +403,14 @@ def payload(facts):
     from .verify import scan
 
     failures = import_installed_sites()
-    records = status(import_errors=failures, unpatched_reason=HOOK_INACTIVE if hook_leaves_shim_off(facts) else None)
+    off = hook_leaves_shim_off(facts)
+    records = status(import_errors=failures, unpatched_reason=HOOK_INACTIVE if off else None)
     try:
         uncovered, scan_error = scan.uncovered_steps(), None
     except Exception as exc:  # the search itself failed: then nothing says the release is covered
         uncovered, scan_error = [], "%s: %s" % (type(exc).__name__, exc)
     return {"facts": facts, "records": records, "shim_version": __version__,
-            "shim_path": os.path.dirname(os.path.abspath(tpu_closure_fix.__file__)), "sync_check": _sync_check_line(),
+            "shim_path": os.path.dirname(os.path.abspath(tpu_closure_fix.__file__)), "sync_check": _sync_check_line(off),
             "uncovered": uncovered, "scan_error": scan_error, "compiled_only": compiled_only(records),
             "origins": _origins(_sites.top_level_packages())}
 
@@ -433,12 +434,17 @@ def _origins(packages):
     return found
 
 
-def _sync_check_line():
-    """Whether the zero-code SyncCheck is armed; its module is only imported when its variable is set."""
+def _sync_check_line(hook_inactive=False):
+    """Whether the zero-code SyncCheck is armed; its module is only imported when its variable is set.
+    ``hook_inactive``: the interpreter asked about never activates the shim (:func:`hook_leaves_shim_off`), and
+    only an activation arms the check."""
     from .config import SYNC_CHECK_VAR
 
     if not os.environ.get(SYNC_CHECK_VAR):
         return "zero-code sync check: off (%s unset)" % SYNC_CHECK_VAR
+    if hook_inactive:
+        return "zero-code sync check: not armed (start-up hook inactive: %s is read as the shim activates)" \
+            % SYNC_CHECK_VAR
     from .synccheck import hook
 
     return hook.status_line()

@@ -710,3 +710,10 @@ def test_an_interpreter_without_packaging_is_told_the_fix(monkeypatch):
         releases.in_range("1.8.6", ">=1.5.0,<1.9.0")
     monkeypatch.undo()
     assert releases.in_range("1.8.6", ">=1.5.0,<1.9.0")  # the twin: packaging there, the release compared
+
+
+def test_the_sync_check_line_with_the_hook_inactive_says_it_is_not_armed_there(monkeypatch):
+    monkeypatch.setenv("TPU_CLOSURE_FIX_SYNC_CHECK", "30")
+    line = report._sync_check_line(hook_inactive=True)
+    assert line.startswith("zero-code sync check: not armed (start-up hook inactive:") and len(line) <= 120
+    assert "start-up hook inactive" not in report._sync_check_line()  # the twin: this process, where it is asked
