@@ -236,7 +236,7 @@ def _summary_verdict(site):
     if site.fix is None:
         return "fixed upstream (verified, untouched)"
     if site.integration == "torch_xla":
-        return "**affected: patched** (any closure in `optimizer_args`)"
+        return "**affected: patched** (the guard)"
     return "**affected: patched**"
 
 

@@ -43,6 +43,9 @@ def add_parser(subparsers):
     parser.add_argument("--no-graph", action="store_true", help="skip the torch_xla graph check")
     parser.add_argument("--python", metavar="PATH", type=_existing_python,
                         help="ask about another interpreter (e.g. the venv a job uses; default: this one)")
+    from .verify.script_dir import SCRIPT_HELP, script_argument
+
+    parser.add_argument("--script", metavar="PATH", type=script_argument, help=SCRIPT_HELP)
     parser.add_argument("--xla-python", type=_existing_python,
                         help="python of an environment with torch_xla for the graph check (default: --python, or "
                              "this interpreter)")
@@ -53,12 +56,17 @@ def add_parser(subparsers):
 
 
 def _existing_python(text):
+    """An ``argparse`` type: an executable interpreter, by path or by a name looked up on PATH as a shell does
+    (never in the working directory: :func:`.verify.child.interpreter_path`)."""
     import argparse
 
-    path = os.path.abspath(text)
-    if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-        raise argparse.ArgumentTypeError("%s is not an executable file (give the python of an environment "
-                                         "with torch_xla, e.g. /path/to/venv/bin/python)" % text)
+    from .verify.child import interpreter_path
+
+    path = interpreter_path(text)
+    if path is None:
+        raise argparse.ArgumentTypeError("%s is not an executable file%s (give the python of an environment "
+                                         "with torch_xla, e.g. /path/to/venv/bin/python)"
+                                         % (text, " on PATH" if os.sep not in text else ""))
     return path
 
 
@@ -254,23 +262,41 @@ def _run_graph(args):
     return graphcheck.run_graph_check(timeout=args.timeout, python=python, env=env), None
 
 
+#: Why the self-tests did not run, by the status rule that decided without them.
+NOT_RUN_BESIDE_SCRIPT = "a framework in the script's directory is what runs there (see the outcome)"
+NOT_RUN_NO_HOOK = "the start-up hook does not run there: a script started there runs no fix (see the outcome)"
+
+
 def run(args):
     from . import report
     from .verify import events as eventcheck
     from .verify import fresh
 
-    payload, error = fresh.run_status(python=args.python, timeout=args.timeout)
-    if payload is None or "records" not in payload:
+    payload, error = fresh.run_status(python=args.python, timeout=args.timeout, script=args.script)
+    # no records, or a framework beside the script (what runs is not what the self-tests would drive): no verdict
+    if payload is None or "records" not in payload or (payload.get("beside_script") or {}).get("found"):
         status = report.status_json(payload, error)
         outcome = Outcome(status["outcome"], status["exit_code"], status["reason"])
-        return _print_result(args, outcome, status, {}, None, [])
+        why = NOT_RUN_BESIDE_SCRIPT if payload and "records" in payload else None
+        return _print_result(args, outcome, status, _not_run(why), None, why)
     records = payload["records"]
     unprotected = report.unprotected(records)
-    events = eventcheck.run_event_check(timeout=args.timeout, python=args.python)
-    graph, graph_unavailable = _run_graph(args)
+    gap = report.startup_gap(payload)
+    if gap:
+        # the self-tests would drive the shim's fix, which a script started there never gets: the table and the
+        # outcome say what runs, and no self-test line says "patched" beside them
+        events, graph, graph_unavailable = _not_run(NOT_RUN_NO_HOOK), None, NOT_RUN_NO_HOOK
+    else:
+        events = eventcheck.run_event_check(timeout=args.timeout, python=args.python)
+        graph, graph_unavailable = _run_graph(args)
     outcome = decide(unprotected, events, graph, graph_unavailable, installed=len(report.installed(records)),
-                     startup_gap=report.startup_gap(payload), uncovered=report.uncovered_reason(payload))
+                     startup_gap=gap, uncovered=report.uncovered_reason(payload))
     return _print_result(args, outcome, report.status_json(payload, error), events, graph, graph_unavailable)
+
+
+def _not_run(why):
+    """The event-order result of a self-test that was not run, and why (None: nothing to say)."""
+    return {"ok": False, "error": None, "sites": [], "untested": [], "not_run": why}
 
 
 def _print_result(args, outcome, status, events, graph, graph_unavailable):
@@ -319,6 +345,8 @@ def render_events(events):
     lines.extend(_render_untested(events))
     if events.get("error"):
         lines.append("  could not run: " + events["error"])
+    elif events.get("not_run"):
+        lines.append("  not run: " + events["not_run"])
     elif not events.get("sites") and not events.get("untested"):
         lines.append("  nothing to test: no installed call site")
     return lines

@@ -11,9 +11,9 @@ def _cmd_status(args):
     from .verify import fresh
 
     if args.here:
-        payload, error = fresh.payload(fresh.facts_here()), None
+        payload, error = report.payload(fresh.facts_here()), None
     else:
-        payload, error = fresh.run_status(python=args.python)
+        payload, error = fresh.run_status(python=args.python, script=args.script)
     result = report.status_json(payload, error)
     if args.json:
         print(json.dumps(result, indent=2, sort_keys=True))
@@ -24,13 +24,17 @@ def _cmd_status(args):
 
 
 def existing_python(text):
-    """An ``argparse`` type: the path of an executable interpreter."""
+    """An ``argparse`` type: an executable interpreter, by path or by a name looked up on PATH as a shell does
+    (never in the working directory: :func:`.verify.child.interpreter_path`)."""
+    from .verify.child import interpreter_path
+
     import os
 
-    if not (os.path.isfile(text) and os.access(text, os.X_OK)):
-        raise argparse.ArgumentTypeError("%s is not an executable file (give the python of an environment, e.g. "
-                                         "/path/to/venv/bin/python)" % text)
-    return os.path.abspath(text)  # the file checked, never a same-named one on PATH
+    path = interpreter_path(text)
+    if path is None:
+        raise argparse.ArgumentTypeError("%s is not an executable file%s (give the python of an environment, e.g. "
+                                         "/path/to/venv/bin/python)" % (text, " on PATH" if os.sep not in text else ""))
+    return path  # the file checked, never a same-named one found later
 
 
 def build_parser():
@@ -51,6 +55,9 @@ def build_parser():
     status.add_argument("--all", action="store_true", help="also list sites that are not installed")
     status.add_argument("--python", metavar="PATH", type=existing_python,
                         help="ask about another interpreter (e.g. the venv a job uses; default: this one)")
+    from .verify.script_dir import SCRIPT_HELP, script_argument
+
+    status.add_argument("--script", metavar="PATH", type=script_argument, help=SCRIPT_HELP)
     status.add_argument("--here", action="store_true", help=argparse.SUPPRESS)  # this process (test doubles)
     status.set_defaults(func=_cmd_status)
     from . import check, launcher

@@ -60,9 +60,12 @@ GUARDED = "guarded"  # the site's fix is not in place (skipped or failed), but i
 SKIPPED = "skipped"
 FAILED = "failed"
 PATCHABLE = "patchable"  # internal: guards passed, not patched yet
+#: Reports only (never :func:`examine`'s): a site the shim would patch, in an interpreter whose start-up hook
+#: does not run, so that a script started there runs its original code (``tpu_closure_fix.report``).
+UNPATCHED = "unpatched"
 
 #: Verdicts meaning "the buggy code runs here".
-UNPROTECTED = frozenset((DISABLED, SKIPPED, FAILED, PATCHABLE))
+UNPROTECTED = frozenset((DISABLED, SKIPPED, FAILED, PATCHABLE, UNPATCHED))
 
 Finding = namedtuple("Finding", "verdict reason site release target")
 

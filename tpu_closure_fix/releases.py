@@ -10,8 +10,6 @@ the owning distribution in reports.
 import os
 import sys
 
-from packaging.version import InvalidVersion, Version
-
 #: specifier string -> predicate(Version), parsed once.
 _specifiers = {}
 
@@ -67,8 +65,21 @@ def _release_while_initializing(top):
         return None
 
 
+def _version_types():
+    """``(Version, InvalidVersion)`` of ``packaging.version``, imported at the first comparison: an interpreter
+    with no framework installed may have no ``packaging`` (``status --python`` asks such interpreters too), and
+    nothing is compared there."""
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError as exc:  # said with its fix: the interpreter asked about may lack it
+        raise ImportError("packaging is not importable (%s): the release guard compares releases with it; "
+                          "pip install packaging" % exc)
+    return Version, InvalidVersion
+
+
 def in_range(release, specifier):
     """True when ``release`` (a string) is inside the PEP 440 ``specifier`` (pre-releases included)."""
+    Version, InvalidVersion = _version_types()
     try:
         version = Version(release)
     except (InvalidVersion, TypeError):
@@ -89,6 +100,7 @@ def _parse_specifier(specifier):
     than the rest of the shim's import when the framework does not import it itself (accelerate
     does not). Any other clause falls back to ``packaging.specifiers``, imported then.
     """
+    Version, InvalidVersion = _version_types()
     bounds = []
     for clause in specifier.split(","):
         clause = clause.strip()
@@ -107,6 +119,7 @@ def _parse_specifier(specifier):
 
 
 def _satisfies(version, op, bound):
+    Version, _ = _version_types()
     if op == ">=":
         return Version(version.public) >= bound
     if not version < bound:

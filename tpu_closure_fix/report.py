@@ -1,11 +1,13 @@
 """status(): one record per known call site, computed from live objects; the status outcome."""
 import importlib.util
 import json
+import os
 import sys
 
 from . import engine, install
 from . import sites as _sites
 from .releases import loaded_release, owning_distributions
+from .verify import child, fresh, script_dir
 
 FIELDS = ("distribution", "release", "module", "method", "verdict", "reason", "variant", "integration")
 
@@ -36,12 +38,15 @@ def _distribution(site_rows, package):
     return site_rows[0].distribution
 
 
-def status(import_errors=None):
+def status(import_errors=None, unpatched_reason=None):
     """List of dicts, one per (module, class.method) of the table.
 
     Keys: distribution, release, module, method, verdict, reason, variant, integration.
     ``verdict`` is one of: patched, fixed upstream, guarded, not installed,
-    not imported yet, not in this release, disabled, skipped, failed.
+    not imported yet, not in this release, disabled, skipped, failed, unpatched.
+    ``unpatched_reason``: given when the shim was left off because the interpreter asked about would never
+    activate it (its start-up hook does not run): a site the shim would patch is then ``unpatched`` with that
+    reason, which is what a script started there runs, rather than ``disabled``.
     ``integration`` is the name of the integration owning the site (``integrations.NAMES``: what
     ``TPU_CLOSURE_FIX_DISABLE`` names; its sites are then ``disabled``).
     Watched modules imported without the import hook firing are patched first
@@ -64,6 +69,8 @@ def status(import_errors=None):
         reason = finding.reason
         if verdict == engine.PATCHABLE:  # guards passed but the hook has not run (e.g. module reloaded)
             verdict, reason = engine.SKIPPED, "not patched yet (module re-imported after enable?)"
+        if verdict == engine.DISABLED and unpatched_reason:  # left off on purpose: the shim never runs there
+            verdict, reason = engine.UNPATCHED, unpatched_reason
         release = finding.release or (loaded_release(package) if verdict not in (engine.NOT_INSTALLED,) else None)
         records.append({
             "distribution": _distribution(rows, package) if verdict != engine.NOT_INSTALLED else rows[0].distribution,
@@ -81,27 +88,105 @@ def status(import_errors=None):
 def import_installed_sites():
     """Import every call-site module whose package is installed; return {module: Finding} for failures.
 
-    A module missing from the installed release is ABSENT; any other import
-    error is FAILED with the error text.
+    Each site's package is imported first: when it cannot be imported, every site of it is FAILED with that
+    error (and the fix, where the cause is known: :func:`known_fix`), whatever submodules its failed import
+    left behind (they would read as a release without ``__version__``). A module missing from the installed
+    release is ABSENT; any other import error of a module is FAILED with the error text.
     """
-    failures = {}
+    failures, broken = {}, {}
     for module_name in _sites.module_names():
         package = _sites.rows_for(module_name)[0].package
-        if not _installed(package) or module_name in sys.modules:
+        if not _installed(package):
+            continue
+        if package not in broken:
+            broken[package] = _package_import_error(package)
+        if broken[package] is not None:
+            failures[module_name] = engine.Finding(engine.FAILED, broken[package], None, None, None) \
+                if _may_hold(package, module_name) else engine.Finding(engine.ABSENT, "module not in this release",
+                                                                       None, None, None)
+            continue
+        if module_name in sys.modules:
             continue
         try:
             importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            if _names_module_of(exc, module_name):
                 failures[module_name] = engine.Finding(engine.ABSENT, "module not in this release", None,
                                                        loaded_release(package), None)
             else:
-                failures[module_name] = engine.Finding(engine.FAILED, IMPORT_FAILED + _exception_line(exc),
-                                                       None, None, None)
+                failures[module_name] = engine.Finding(engine.FAILED, _import_failed(exc), None, None, None)
         except Exception as exc:
-            failures[module_name] = engine.Finding(engine.FAILED, IMPORT_FAILED + _exception_line(exc),
-                                                   None, None, None)
+            failures[module_name] = engine.Finding(engine.FAILED, _import_failed(exc), None, None, None)
     return failures
+
+
+def _names_module_of(exc, module_name):
+    """True when the ModuleNotFoundError ``exc`` is about ``module_name`` itself or a package holding it (the
+    module is not in this release), not about something it imports."""
+    return bool(exc.name) and (module_name == exc.name or module_name.startswith(exc.name + "."))
+
+
+def _may_hold(package, module_name):
+    """Whether the installed ``package``, which cannot be imported, may hold the site module ``module_name``: its
+    file is there, or no site module of the package has a file there (then nothing tells which are in it)."""
+    modules = [name for name in _sites.module_names() if _sites.rows_for(name)[0].package == package]
+    return _source_exists(module_name) or not any(_source_exists(name) for name in modules)
+
+
+def _source_exists(module_name):
+    """True unless the installed top-level package of ``module_name`` (located by ``find_spec``, which runs
+    nothing of a top-level package) is a folder without that module's file or package: whether a site module is
+    in the release, told without importing a package that fails to import."""
+    parts = module_name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        return True
+    locations = list(getattr(spec, "submodule_search_locations", None) or [])
+    if not locations:
+        return True  # not a folder on disk (a zip, a frozen package): cannot tell, so it may be there
+    for location in locations:
+        path = os.path.join(location, *parts[1:])
+        if os.path.isfile(path + ".py") or os.path.isdir(path):
+            return True
+    return False
+
+
+def _package_import_error(package):
+    """The reason of a ``failed`` site when ``package`` (a site's package, ``optimum.neuron``) cannot be imported,
+    else None (a package of a namespace that is not there: its sites' modules say "not in this release")."""
+    if package in sys.modules:
+        return None
+    try:
+        importlib.import_module(package)
+    except ModuleNotFoundError as exc:
+        return None if _names_module_of(exc, package) else _import_failed(exc)
+    except Exception as exc:
+        return _import_failed(exc)
+    return None
+
+
+def _import_failed(exc):
+    """A failed site's reason: :data:`IMPORT_FAILED`, the exception line and, where the cause is known, its fix."""
+    fix = known_fix(exc)
+    return IMPORT_FAILED + _exception_line(exc) + ("; fix: %s" % fix if fix else "")
+
+
+def known_fix(exc, numpy_release=None):
+    """The install line that fixes an import failure whose cause is known, else None.
+
+    * No module named ``pkg_resources``: setuptools 81 dropped it, and Lightning before 2.0 (pytorch-lightning,
+      lightning, the lightning_lite it ships) imports it at start.
+    * numpy 2 installed and the error names numpy (pytorch-lightning 1.0.x uses names numpy 2 removed).
+    ``numpy_release``: the installed numpy's version (default: read from its metadata, never imported).
+    """
+    if isinstance(exc, ModuleNotFoundError) and exc.name == "pkg_resources":
+        return "pip install 'setuptools<81'"
+    if "numpy" in str(exc).lower():
+        release = numpy_release if numpy_release is not None else _metadata_release("numpy")
+        if release and release.split(".")[0].isdigit() and int(release.split(".")[0]) >= 2:
+            return "pip install 'numpy<2'"
+    return None
 
 
 def _exception_line(exc):
@@ -197,13 +282,13 @@ def _site(record):
 def startup_gap(payload):
     """Why a training script started in the fresh interpreter runs installed sites unpatched although the
     shim would patch them once imported (its start-up hook does not run there), or None."""
-    from .verify import fresh
-
     active, why = fresh.startup_hook(payload["facts"])
     if active is None:  # not asked
         return None
-    # switched off, the sites' own records say so ("disabled"): that is the reason to give
-    needing = [r for r in installed(payload["records"]) if r["verdict"] not in (engine.FIXED_UPSTREAM, engine.DISABLED)]
+    # switched off, the sites' own records say so ("disabled"): that is the reason to give; a site whose module
+    # cannot be imported runs nothing at all (status_outcome's rule 6 names it)
+    needing = [r for r in installed(payload["records"])
+               if r["verdict"] not in (engine.FIXED_UPSTREAM, engine.DISABLED) and not import_failed(r)]
     if active or not needing:
         return None
     return ("the start-up hook does not run in %s (%s): a training script that does not import tpu_closure_fix "
@@ -246,8 +331,6 @@ def uncovered_reason(payload):
 def status_outcome(payload, error=None):
     """``(outcome, exit code, reason)`` of ``status`` from the fresh interpreter's payload
     (:func:`tpu_closure_fix.verify.fresh.run_status`). The first rule that applies decides."""
-    from .verify import fresh
-
     def outcome(name, reason):
         return name, EXIT_CODES[name], reason
 
@@ -256,23 +339,28 @@ def status_outcome(payload, error=None):
         why = error or (payload or {}).get("facts", {}).get("error") or "no report"
         return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s." % why)
     python = payload["facts"].get("executable")
+    # 2. A framework in the training script's directory is what a script run from there imports: the child never
+    #    searched that directory, so no verdict is about it.
+    beside = payload.get("beside_script") or {}
+    if beside.get("found"):
+        return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s." % script_dir.reason(beside["found"], beside["directory"]))
     sites = installed(payload["records"])
-    # 2. No site the shim covers is installed and no uncovered XLA step found: said as such, never "protected".
+    # 3. No site the shim covers is installed and no uncovered XLA step found: said as such, never "protected".
     if not sites and not uncovered_reason(payload):
         return outcome(NOTHING_TO_PROTECT, "NOTHING TO PROTECT: no framework or torch_xla release the shim covers "
                                            "is installed for %s." % python)
-    # 3. The start-up hook does not run there: a script that does not import the shim runs the sites
+    # 4. The start-up hook does not run there: a script that does not import the shim runs the sites
     #    that need it unpatched, whatever the shim would do once imported.
     gap = startup_gap(payload)
     if gap:
         return outcome(UNPROTECTED, "UNPROTECTED: " + gap)
-    # 4. An installed site runs the buggy code (a module that cannot be imported runs no code at all: rule 5).
+    # 5. An installed site runs the buggy code (a module that cannot be imported runs no code at all: rule 6).
     bad = [r for r in unprotected(sites) if not import_failed(r)]
     if bad:
         return outcome(UNPROTECTED, "UNPROTECTED: %d installed affected site(s) run the buggy code: %s. Fix: %s." % (
             len(bad), "; ".join("%s (%s%s)" % (_site(r), r["verdict"], ": " + r["reason"] if r["reason"] else "")
                                 for r in bad), site_fix(bad[0])))
-    # 5. An installed framework holds an XLA optimizer step no row covers (or the search failed), or a site's
+    # 6. An installed framework holds an XLA optimizer step no row covers (or the search failed), or a site's
     #    module cannot be imported: no verdict.
     unknown = uncovered_reason(payload)
     if unknown:
@@ -281,7 +369,7 @@ def status_outcome(payload, error=None):
     if broken:
         return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s cannot be imported (%s)%s." % (
             _site(broken[0]), broken[0]["reason"], " (and %d more)" % (len(broken) - 1) if len(broken) > 1 else ""))
-    # 6. Every installed site is patched, guarded or fixed upstream.
+    # 7. Every installed site is patched, guarded or fixed upstream.
     active, _ = fresh.startup_hook(payload["facts"])
     hook = {True: "start-up hook active", False: "start-up hook inactive, no site needs it",
             None: "start-up hook not asked"}[active]
@@ -291,8 +379,6 @@ def status_outcome(payload, error=None):
 
 def status_json(payload, error=None):
     """The one object ``status --json`` prints (schema :data:`JSON_SCHEMA`, see docs/cli.md)."""
-    from .verify import fresh
-
     name, code, reason = status_outcome(payload, error)
     facts = (payload or {}).get("facts") or {}
     active, why = fresh.startup_hook(facts) if facts else (None, "no report from the interpreter, see below")
@@ -303,6 +389,7 @@ def status_json(payload, error=None):
             "shim_version": (payload or {}).get("shim_version"), "shim_path": (payload or {}).get("shim_path"),
             "sync_check": (payload or {}).get("sync_check"), "sites": (payload or {}).get("records") or [],
             "uncovered": (payload or {}).get("uncovered") or [],
+            "beside_script": ((payload or {}).get("beside_script") or {}).get("found") or [],
             "compiled_only": (payload or {}).get("compiled_only") or []}
 
 
@@ -329,6 +416,85 @@ def render_header(result):
     state = "unknown" if hook["active"] is None else "active" if hook["active"] else "INACTIVE"
     return "%s\n%s" % (_cell("python: %s (%s)" % (python["executable"] or "?", python["version"] or "?")),
                        _cell("start-up hook: %s%s" % (state, " (%s)" % hook["reason"] if hook["reason"] else "")))
+
+
+# --------------------------------------------------------------------------- in the fresh interpreter
+#: Why a site the shim would patch runs its original code in an interpreter whose start-up hook does not run.
+HOOK_INACTIVE = "start-up hook inactive"
+
+
+def child_main(facts):
+    """In the fresh interpreter (:mod:`.verify.fresh`), after the facts and the held-back import of the shim:
+    activate it as that interpreter's start-up hook would (or not), list every site, print the payload."""
+    if not hook_leaves_shim_off(facts):
+        from . import activation
+
+        activation.activate()  # what the start-up module's import of tpu_closure_fix does at a watched import
+    child.emit(payload(facts))
+
+
+def hook_leaves_shim_off(facts):
+    """True when a script started in the interpreter of ``facts`` never gets the shim although it is not switched
+    off (:func:`.verify.fresh.startup_hook` says inactive): no site is patched there. Switched off, the sites
+    say ``disabled`` with the switch's value, as everywhere."""
+    from .config import parse_switch
+
+    active, _ = fresh.startup_hook(facts)
+    return active is False and parse_switch(facts.get("switch"))[0]
+
+
+def payload(facts):
+    """The facts with every site's record, as this process (importing every installed site module) sees it."""
+    import tpu_closure_fix
+    from .__about__ import __version__
+    from .verify import scan
+
+    failures = import_installed_sites()
+    off = hook_leaves_shim_off(facts)
+    records = status(import_errors=failures, unpatched_reason=HOOK_INACTIVE if off else None)
+    try:
+        uncovered, scan_error = scan.uncovered_steps(), None
+    except Exception as exc:  # the search itself failed: then nothing says the release is covered
+        uncovered, scan_error = [], "%s: %s" % (type(exc).__name__, exc)
+    return {"facts": facts, "records": records, "shim_version": __version__,
+            "shim_path": os.path.dirname(os.path.abspath(tpu_closure_fix.__file__)), "sync_check": _sync_check_line(off),
+            "uncovered": uncovered, "scan_error": scan_error, "compiled_only": compiled_only(records),
+            "origins": _origins(_sites.top_level_packages())}
+
+
+def _origins(packages):
+    """{package: the folders (a package) or the file (a module) this process imported it from, or would}."""
+    found = {}
+    for package in packages:
+        module = sys.modules.get(package)
+        if module is not None:
+            locations = list(getattr(module, "__path__", None) or []) or [getattr(module, "__file__", None)]
+        else:
+            try:
+                spec = importlib.util.find_spec(package)
+            except (ImportError, ValueError):
+                spec = None
+            locations = (list(spec.submodule_search_locations or []) or [spec.origin]) if spec is not None else []
+        locations = [location for location in locations if isinstance(location, str)]
+        if locations:
+            found[package] = locations
+    return found
+
+
+def _sync_check_line(hook_inactive=False):
+    """Whether the zero-code SyncCheck is armed; its module is only imported when its variable is set.
+    ``hook_inactive``: the interpreter asked about never activates the shim (:func:`hook_leaves_shim_off`), and
+    only an activation arms the check."""
+    from .config import SYNC_CHECK_VAR
+
+    if not os.environ.get(SYNC_CHECK_VAR):
+        return "zero-code sync check: off (%s unset)" % SYNC_CHECK_VAR
+    if hook_inactive:
+        return "zero-code sync check: not armed (start-up hook inactive: %s is read as the shim activates)" \
+            % SYNC_CHECK_VAR
+    from .synccheck import hook
+
+    return hook.status_line()
 
 
 # --------------------------------------------------------------------------- compiled-only distributions

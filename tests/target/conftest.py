@@ -86,6 +86,8 @@ ONLY_ON = {
     # where Python reads .pth files from is the interpreter's rule, the same under every release and wrapt
     "test_activation.py::test_a_target_install_is_unprotected_naming_the_reason_and_the_fix": START_UP,
     "test_activation.py::test_the_twin_in_site_packages_is_protected_with_the_hook_active": START_UP,
+    "test_activation.py::test_python_S_reads_every_site_unpatched_and_the_twin_without_S_patched": START_UP,
+    "test_activation.py::test_python_at_an_interpreter_without_the_shim_reads_every_site_unpatched": START_UP,
     "test_activation.py::test_a_unicode_space_in_the_switch_is_a_bad_value_under_every_locale": START_UP,
     "test_activation.py::test_a_line_break_in_the_switch_is_quoted_on_one_row": START_UP,
     "test_activation.py::test_pth_plus_import_one_layer": WRAPT_HOOKS,

@@ -169,9 +169,87 @@ def test_a_target_install_is_unprotected_naming_the_reason_and_the_fix(target_in
     assert "imported from %s (a --target folder or a PYTHONPATH entry)" % folder in out["startup_hook"]["reason"]
     assert "Fix: install tpu-closure-fix into the interpreter's site-packages" in out["reason"]
     assert out["python"]["executable"] == python and out["shim_path"] == os.path.join(folder, "tpu_closure_fix")
+    assert_rows_say_unpatched(out)
+    if command == "check":  # no self-test line says "patched" either: they drive a fix that never runs there
+        assert out["event_check"]["sites"] == [] and "start-up hook does not run" in out["event_check"]["not_run"]
     # the fact behind the verdict: a script started there (no import of the shim) runs the sites unpatched
     result, _ = run_probe(python, probe_dir, pythonpath_extra=[folder])
     assert_unpatched(result)
+
+
+def assert_rows_say_unpatched(out):
+    """The table agrees with an unprotected outcome: no site reads ``patched`` (before, the child patched them with
+    the copy of the shim it imported to read the table), and the sites the shim patches read what runs."""
+    assert out["outcome"] == "unprotected", out["reason"]
+    verdicts = {"%s:%s" % (r["module"], r["method"]): (r["verdict"], r["reason"]) for r in out["sites"]}
+    assert not [site for site, (verdict, _) in verdicts.items() if verdict in ("patched", "guarded")], verdicts
+    affected = ["%s:%s" % site for site in _site_list() if "%s:%s" % site in verdicts and
+                verdicts["%s:%s" % site][0] not in ("not installed", "not in this release", "not imported yet")]
+    assert affected, verdicts
+    for site in affected:
+        assert verdicts[site] == ("unpatched", "start-up hook inactive"), (site, verdicts[site])
+
+
+def assert_rows_say_patched(out):
+    """The twin: the hook runs, the same sites read ``patched``."""
+    assert out["outcome"] == "protected", out["reason"]
+    verdicts = {"%s:%s" % (r["module"], r["method"]): r["verdict"] for r in out["sites"]}
+    assert "patched" in verdicts.values() and "unpatched" not in verdicts.values(), verdicts
+
+
+def status_of(python, probe_dir, pythonpath, flags=(), args=()):
+    """``python FLAGS -m tpu_closure_fix status --json ARGS`` with exactly ``pythonpath`` (then the tests folder
+    and the target) as PYTHONPATH."""
+    proc = subprocess.run([python] + list(flags) + ["-m", "tpu_closure_fix", "status", "--json"] + list(args),
+                          env=probe_env(pythonpath_extra=pythonpath), capture_output=True, text=True, timeout=600,
+                          cwd=str(probe_dir))
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_python_S_reads_every_site_unpatched_and_the_twin_without_S_patched(pth_venv, probe_dir):
+    """``-S``: no start-up file of site-packages is read, so the shim found on PYTHONPATH never runs."""
+    python, site = pth_venv
+    pythonpath = [site, sysconfig.get_paths()["purelib"]]  # -S reads no .pth: torch and the shim by path
+    code, out = status_of(python, probe_dir, pythonpath, flags=["-S"])
+    assert code == 1 and out["startup_hook"]["active"] is False and "python -S" in out["startup_hook"]["reason"]
+    assert_rows_say_unpatched(out)
+    code, out = status_of(python, probe_dir, pythonpath)
+    assert code == 0 and out["startup_hook"]["active"] is True
+    assert_rows_say_patched(out)
+
+
+@pytest.fixture(scope="session")
+def shimless_venv(tmp_path_factory):
+    """A venv that cannot import tpu_closure_fix at all: the base venv's packages (torch) reach it through links
+    to each of them but the shim's files."""
+    root = tmp_path_factory.mktemp("shimless")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=300)
+    python = str(root / "venv" / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    deps, base = root / "deps", sysconfig.get_paths()["purelib"]
+    deps.mkdir()
+    for name in os.listdir(base):
+        if "tpu_closure_fix" not in name and not name.endswith(".pth"):
+            os.symlink(os.path.join(base, name), str(deps / name))
+    with open(os.path.join(site, "zz_base_venv.pth"), "w") as handle:
+        handle.write(str(deps) + "\n")
+    return python
+
+
+def test_python_at_an_interpreter_without_the_shim_reads_every_site_unpatched(shimless_venv, pth_venv, probe_dir):
+    """``--python`` at a venv without the shim (the frameworks on PYTHONPATH): its table is read with a lent copy of
+    the shim, which is never activated there. The twin: ``--python`` at a venv with the shim installed."""
+    bare = shimless_venv
+    code, out = status_of(sys.executable, probe_dir, [], args=["--python", bare])
+    assert code == 1 and out["python"]["executable"] == bare
+    assert out["startup_hook"] == {"active": False, "reason": "tpu_closure_fix is not installed for %s" % bare}
+    assert_rows_say_unpatched(out)
+    with_shim, _ = pth_venv
+    code, out = status_of(sys.executable, probe_dir, [], args=["--python", with_shim])
+    assert code == 0 and out["python"]["executable"] == with_shim
+    assert_rows_say_patched(out)
 
 
 @pytest.mark.parametrize("command", ["status", "check"])

@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from conftest import TARGET, TESTS, child_env
+from conftest import TARGET, TESTS, child_env, defined_where
 from tpu_closure_fix import sites
 from tpu_closure_fix.verify import table
 
@@ -103,3 +103,26 @@ def _readme_sample_test():
 
 if TARGET == "lightning-fabric==2.6.6":  # the sample is of Fabric 2.6.6: defined on that target only
     test_the_readme_sample_of_status_is_what_status_prints_here = _readme_sample_test
+
+
+@defined_where(TARGET == "pytorch-lightning==1.8.6")
+def test_the_release_without_pkg_resources_could_not_verify_naming_the_pin(tmp_path):
+    """``pip install pytorch-lightning==1.8.6`` in a fresh venv brings setuptools >= 81, which has no
+    pkg_resources: ``import pytorch_lightning`` fails (lightning_lite's __init__ imports it). Hidden here by a
+    first path entry whose pkg_resources raises what a missing one does. Before: its leftover submodules read as a
+    release without __version__, UNPROTECTED (exit 1) with no fix. The twin, the target as pinned, is
+    test_check_with_the_shim_is_protected."""
+    hidden = tmp_path / "setuptools-81-or-later"
+    hidden.mkdir()
+    (hidden / "pkg_resources.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'pkg_resources'\", name='pkg_resources')\n")
+    for command in ("status", "check"):
+        proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", command, "--json"] +
+                              (["--no-graph"] if command == "check" else []),
+                              env=child_env(True, path_first=[str(hidden)]), capture_output=True, text=True,
+                              timeout=600, cwd=TESTS)
+        out = json.loads(proc.stdout)
+        assert (proc.returncode, out["outcome"]) == (3, "could not verify"), out["reason"]
+        assert "No module named 'pkg_resources'; fix: pip install 'setuptools<81'" in out["reason"], out["reason"]
+        failed = [r for r in out["sites"] if r["verdict"] == "failed"]
+        assert failed and not [r for r in out["sites"] if r["verdict"] in ("skipped", "patched")], out["sites"]

@@ -319,3 +319,61 @@ def test_check_text_output_prints_on_an_ascii_stdout(tmp_path):
         env_extra={"PYTHONIOENCODING": "ascii"})
     assert proc.returncode == 3 and b"Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "caf\\xe9" in outcome_paragraph(proc.stdout.decode("ascii")), proc.stdout[-2000:]
+
+
+def test_a_self_test_not_run_says_why_never_nothing_to_test():
+    lines = check.render_events(check._not_run(check.NOT_RUN_NO_HOOK))
+    assert lines[1:] == ["  not run: " + check.NOT_RUN_NO_HOOK]
+    assert check.render_events(check._not_run(None))[1:] == ["  nothing to test: no installed call site"]
+
+
+def _check_json(monkeypatch, capsys, payload):
+    """``check --json`` over a fresh interpreter's ``payload``; the self-tests fail the test if they start."""
+    import json
+
+    from tpu_closure_fix.verify import events, fresh
+
+    monkeypatch.setattr(fresh, "run_status", lambda **kwargs: (payload, None))
+    monkeypatch.setattr(events, "run_event_check", lambda **kwargs: pytest.fail("the event self-test ran"))
+    monkeypatch.setattr(check, "_run_graph", lambda args: pytest.fail("the graph check ran"))
+    args = argparse.Namespace(python=None, timeout=10, script=None, json=True, no_graph=True, xla_python=None)
+    code = check.run(args)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def _fresh_payload(**facts):
+    base = {"executable": "/venv/bin/python", "version": "3.11.7", "startup_loaded": True, "startup_armed": True,
+            "shim_at_start": False, "switch": None, "flags": {}, "site_dirs": ["/s"], "pth_in": ["/s"],
+            "shim_origin": "/s/tpu_closure_fix/__init__.py"}
+    base.update(facts)
+    return {"facts": base, "records": [dict(record(FABRIC, "unpatched", "start-up hook inactive"),
+                                            distribution="lightning-fabric", release="2.6.6", variant=None,
+                                            integration="lightning")], "beside_script": {"directory": "/w", "found": []}}
+
+
+def test_check_runs_no_self_test_where_the_start_up_hook_does_not_run(monkeypatch, capsys):
+    code, out = _check_json(monkeypatch, capsys, _fresh_payload(startup_armed=False, shim_origin=None))
+    assert (code, out["outcome"]) == (1, "unprotected") and out["event_check"]["not_run"] == check.NOT_RUN_NO_HOOK
+
+
+def test_check_runs_no_self_test_beside_a_framework_in_the_script_directory(monkeypatch, capsys):
+    payload = _fresh_payload()
+    payload["beside_script"]["found"] = [{"package": "pytorch_lightning", "path": "/w/pytorch_lightning",
+                                          "release": None}]
+    code, out = _check_json(monkeypatch, capsys, payload)
+    assert (code, out["outcome"]) == (3, "could not verify") and out["beside_script"] == payload["beside_script"]["found"]
+
+
+def test_check_twin_with_the_hook_active_runs_the_self_tests(monkeypatch, capsys):
+    import json
+
+    from tpu_closure_fix.verify import events, fresh
+
+    payload = _fresh_payload()
+    payload["records"][0].update(verdict="patched", reason="")
+    ran = []
+    monkeypatch.setattr(fresh, "run_status", lambda **kwargs: (payload, None))
+    monkeypatch.setattr(events, "run_event_check", lambda **kwargs: ran.append("events") or events_of(event_site(FABRIC)))
+    args = argparse.Namespace(python=None, timeout=10, script=None, json=True, no_graph=True, xla_python=None)
+    assert check.run(args) == 0 and ran == ["events"]
+    assert json.loads(capsys.readouterr().out)["outcome"] == "protected"

@@ -422,11 +422,83 @@ def test_python_names_another_interpreter_and_the_report_is_about_it(tmp_path):
 
 
 
-def test_a_child_is_lent_only_the_shim_and_its_two_dependencies():
+def test_a_child_is_lent_only_the_shim():
+    """Not this process's wrapt or packaging: they need not run on the asked interpreter's Python."""
     with fresh._lent_folder() as folder:
-        assert sorted(os.listdir(folder)) == ["packaging", "tpu_closure_fix", "wrapt"]
+        assert sorted(os.listdir(folder)) == ["tpu_closure_fix"]
         assert oct(os.stat(folder).st_mode & 0o777) == "0o700"
     assert not os.path.exists(folder)
+
+
+def _pythons_38():
+    """Interpreters of Python 3.8 on this machine (pyenv's, or python3.8 on PATH), never this one."""
+    import glob
+    import shutil
+
+    found = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python")))
+    on_path = shutil.which("python3.8")
+    return [p for p in found + ([on_path] if on_path else []) if os.path.realpath(p) != os.path.realpath(sys.executable)]
+
+
+@pytest.mark.skipif(not _pythons_38(), reason="no Python 3.8 interpreter on this machine (pyenv or python3.8 on PATH)")
+def test_python_at_3_8_from_this_interpreter_gets_a_verdict(tmp_path):
+    """This interpreter's wrapt and packaging (lent before) do not run on 3.8: the child answered COULD NOT VERIFY
+    (TypeError: unsupported operand type(s) for |). Lent the shim alone, a bare 3.8 gets its verdict."""
+    other = _pythons_38()[0]
+    proc = cli("status", "--python", other, "--json", env={"PYTHONPATH": ""}, cwd=str(tmp_path))
+    out = json.loads(proc.stdout)
+    assert out["python"]["version"].startswith("3.8."), out["python"]
+    assert (proc.returncode, out["outcome"]) == (0, "nothing to protect"), out["reason"]
+    assert out["startup_hook"] == {"active": False, "reason": "tpu_closure_fix is not installed for %s" % other}
+
+
+# --------------------------------------------------------------------------- what a script started there runs
+@pytest.mark.parametrize("given, off", [
+    (facts(), False),  # the hook runs: the shim is activated as it would be
+    (facts(switch="0", startup_armed=False), False),  # switched off: the sites say "disabled" themselves
+    (unarmed(shim_origin=None), True),  # not installed there: the shim never runs
+    (unarmed(flags={"no_site": True}), True),  # -S
+    (unarmed(shim_origin="/opt/deps/tpu_closure_fix/__init__.py", pth_in=[]), True),  # --target
+    (facts(here=True), False),  # status --here: this process, not asked
+])
+def test_the_shim_is_left_off_exactly_where_the_start_up_hook_leaves_it_off(given, off):
+    assert report.hook_leaves_shim_off(given) is off
+
+
+def _records_from(monkeypatch, finding, **kwargs):
+    """report.status() over a table whose every site is installed and examined as ``finding``."""
+    monkeypatch.setattr(report, "_installed", lambda package: True)
+    monkeypatch.setattr(report.engine, "reconcile", lambda: [])
+    monkeypatch.setattr(report.engine, "examine", lambda key: finding)
+    monkeypatch.setattr(report, "_distribution", lambda rows, package: rows[0].distribution)
+    return report.status(**kwargs)
+
+
+def test_a_site_left_off_because_the_hook_does_not_run_is_unpatched_not_disabled(monkeypatch):
+    from tpu_closure_fix import engine
+
+    off = engine.Finding(engine.DISABLED, "TPU_CLOSURE_FIX=0", None, "1.8.6", None)
+    records = _records_from(monkeypatch, off, unpatched_reason=report.HOOK_INACTIVE)
+    assert {(r["verdict"], r["reason"]) for r in records} == {("unpatched", "start-up hook inactive")}
+    assert all(r in report.unprotected(records) for r in records)
+    # the twin: switched off by the user, the records keep saying so
+    records = _records_from(monkeypatch, off)
+    assert {(r["verdict"], r["reason"]) for r in records} == {("disabled", "TPU_CLOSURE_FIX=0")}
+    # a site the shim would leave alone anyway keeps its own verdict
+    skipped = engine.Finding(engine.SKIPPED, "unknown release 9.9", None, "9.9", None)
+    records = _records_from(monkeypatch, skipped, unpatched_reason=report.HOOK_INACTIVE)
+    assert {r["verdict"] for r in records} == {"skipped"}
+
+
+def test_a_hook_gap_never_counts_sites_that_cannot_be_imported():
+    """Sites whose module fails to import run nothing: with the hook inactive they are not "run unpatched"; the
+    outcome is the import failure's (could not verify)."""
+    target = dict(startup_armed=False, shim_origin="/opt/deps/tpu_closure_fix/__init__.py", pth_in=[])
+    broken = record("failed", reason=report.IMPORT_FAILED + "ModuleNotFoundError: No module named 'torch'")
+    assert report.status_outcome(payload([broken], **target))[:2] == ("could not verify", 3)
+    unpatched = record("unpatched", method="Other.step", reason=report.HOOK_INACTIVE)
+    name, code, reason = report.status_outcome(payload([broken, unpatched], **target))
+    assert (name, code) == ("unprotected", 1) and "runs 1 affected site(s) unpatched" in reason, reason
 
 
 def test_an_interpreter_that_cannot_start_could_not_verify_exit_3(tmp_path):
@@ -546,3 +618,105 @@ def test_status_with_a_framework_behind_a_relative_pythonpath_could_not_verify_a
     # the twin: the same folder by its absolute path is searched and judged (here: an uncovered step)
     proc = cli("status", env={"PYTHONPATH": os.pathsep.join([folder, REPO])}, cwd=str(tmp_path))
     assert proc.returncode == 3 and "XLA optimizer step no row covers" in proc.stdout, proc.stdout
+
+
+# --------------------------------------------------------------------------- a framework that cannot be imported
+def test_known_fixes_of_import_failures_rule_by_rule():
+    no_pkg_resources = ModuleNotFoundError("No module named 'pkg_resources'", name="pkg_resources")
+    assert report.known_fix(no_pkg_resources) == "pip install 'setuptools<81'"
+    assert report.known_fix(ModuleNotFoundError("No module named 'yaml'", name="yaml")) is None
+    removed = AttributeError("`np.Inf` was removed in the NumPy 2.0 release. Use `np.inf` instead.")
+    assert report.known_fix(removed, numpy_release="2.4.6") == "pip install 'numpy<2'"
+    assert report.known_fix(removed, numpy_release="1.26.4") is None  # numpy 1: not the cause
+    assert report.known_fix(AttributeError("no attribute 'x'"), numpy_release="2.4.6") is None
+    assert report.known_fix(removed, numpy_release="") is None  # numpy not installed
+
+
+#: A pytorch-lightning 1.8.6 as it fails with setuptools >= 81: its __init__ imports some of its modules, then
+#: ``pkg_resources`` (what lightning_lite's __init__ does), which is not there.
+FAILING_INIT = '''
+__version__ = "1.8.6"
+from pytorch_lightning.plugins.precision import tpu  # a submodule that stays imported after the failure
+raise ModuleNotFoundError(%r, name=%r)
+'''
+
+
+def _unimportable(root, missing):
+    package = root / "pytorch_lightning"
+    (package / "plugins" / "precision").mkdir(parents=True)
+    (package / "__init__.py").write_text(FAILING_INIT % ("No module named %r" % missing, missing))
+    (package / "plugins" / "__init__.py").write_text("")
+    (package / "plugins" / "precision" / "__init__.py").write_text("")
+    (package / "plugins" / "precision" / "tpu.py").write_text(
+        "class TPUPrecisionPlugin:\n    def optimizer_step(self, optimizer, model, closure, **kwargs):\n"
+        "        return optimizer.step(closure=closure, **kwargs)\n")
+    return str(root)
+
+
+@pytest.mark.parametrize("missing, fix", [("pkg_resources", "pip install 'setuptools<81'"), ("yaml", None)])
+def test_a_framework_that_cannot_be_imported_could_not_verify_naming_the_error_and_the_fix(tmp_path, missing, fix):
+    """Before, its leftover submodule read as a release without __version__: "skipped", UNPROTECTED (exit 1)."""
+    folder = _unimportable(tmp_path / "site", missing)
+    proc = cli("status", "--json", env={"PYTHONPATH": os.pathsep.join([folder, REPO])}, cwd=str(tmp_path))
+    out = json.loads(proc.stdout)
+    assert (proc.returncode, out["outcome"]) == (3, "could not verify"), out["reason"]
+    rows = [r for r in out["sites"] if r["verdict"] not in ("not installed", "not in this release")]
+    error = "import failed: ModuleNotFoundError: No module named %r" % missing
+    assert rows and all(r["verdict"] == "failed" and r["reason"].startswith(error) for r in rows), rows
+    assert ("pytorch_lightning.plugins.precision.tpu:TPUPrecisionPlugin.optimizer_step" in
+            ["%s:%s" % (r["module"], r["method"]) for r in rows])
+    assert error in out["reason"]
+    # a site module whose file the release does not hold is not in it (its neighbour's file is there)
+    xla = [r for r in out["sites"] if r["module"] == "pytorch_lightning.plugins.precision.xla"]
+    assert xla and {r["verdict"] for r in xla} == {"not in this release"}, xla
+    if fix:
+        assert "fix: %s" % fix in out["reason"], out["reason"]
+    else:
+        assert "fix:" not in out["reason"], out["reason"]
+
+
+@pytest.mark.parametrize("given, activated", [(facts(), True), (facts(switch="0", startup_armed=False), True),
+                                              (unarmed(shim_origin=None), False)])
+def test_the_child_activates_the_shim_only_where_the_start_up_hook_would(monkeypatch, given, activated):
+    """The fresh child imported the shim held back; switched off it still activates (the switch's reason, as the
+    start-up module does), with the hook inactive it never does."""
+    from tpu_closure_fix import activation
+
+    calls = []
+    monkeypatch.setattr(activation, "activate", lambda: calls.append("activate"))
+    monkeypatch.setattr(report, "payload", lambda f: {"facts": f})
+    monkeypatch.setattr(report.child, "emit", lambda value: calls.append("emit"))
+    report.child_main(given)
+    assert calls == (["activate", "emit"] if activated else ["emit"])
+
+
+def test_a_site_module_is_told_apart_by_its_file_without_importing(tmp_path, monkeypatch):
+    package = tmp_path / "pytorch_lightning"
+    (package / "plugins" / "precision").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('never imported')\n")
+    (package / "plugins" / "precision" / "tpu.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert report._source_exists("pytorch_lightning.plugins.precision.tpu")
+    assert not report._source_exists("pytorch_lightning.plugins.precision.xla")
+    assert report._may_hold("pytorch_lightning", "pytorch_lightning.plugins.precision.tpu")
+    assert not report._may_hold("pytorch_lightning", "pytorch_lightning.plugins.precision.xla")
+    (package / "plugins" / "precision" / "tpu.py").unlink()  # no site file at all: nothing tells, so each may be
+    assert report._may_hold("pytorch_lightning", "pytorch_lightning.plugins.precision.xla")
+
+
+def test_an_interpreter_without_packaging_is_told_the_fix(monkeypatch):
+    """An interpreter asked with --python lends its own packaging; without one, the comparison says what to do."""
+    from tpu_closure_fix import releases
+
+    monkeypatch.setitem(sys.modules, "packaging.version", None)
+    with pytest.raises(ImportError, match="pip install packaging"):
+        releases.in_range("1.8.6", ">=1.5.0,<1.9.0")
+    monkeypatch.undo()
+    assert releases.in_range("1.8.6", ">=1.5.0,<1.9.0")  # the twin: packaging there, the release compared
+
+
+def test_the_sync_check_line_with_the_hook_inactive_says_it_is_not_armed_there(monkeypatch):
+    monkeypatch.setenv("TPU_CLOSURE_FIX_SYNC_CHECK", "30")
+    line = report._sync_check_line(hook_inactive=True)
+    assert line.startswith("zero-code sync check: not armed (start-up hook inactive:") and len(line) <= 120
+    assert "start-up hook inactive" not in report._sync_check_line()  # the twin: this process, where it is asked

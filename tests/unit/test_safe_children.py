@@ -6,6 +6,7 @@ would append its name to a marker file).  The parent is started as the console s
 directory, never the working directory, on ``sys.path``); its self-test child is what is under test.
 The twin starts that child the way check started it before (``python -m``): the planted files run.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -98,3 +99,44 @@ def test_the_xla_python_probe_never_runs_a_module_planted_in_the_working_directo
     assert ran(marker) == [], "the probe ran the planted %s" % ran(marker)
     assert proc.returncode == 3 and "--xla-python %s cannot import torch_xla" % other_python in proc.stdout, \
         proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- --python NAME: looked up on PATH only
+def test_a_bare_interpreter_name_is_looked_up_in_the_absolute_path_entries_only(tmp_path):
+    from tpu_closure_fix.verify.child import interpreter_path
+
+    planted = tmp_path / "python3"
+    planted.write_text("#!/bin/sh\nexit 0\n")
+    planted.chmod(0o755)
+    bin_dir = os.path.dirname(sys.executable)
+    here = os.getcwd()
+    try:
+        os.chdir(str(tmp_path))
+        # '', '.' and a relative entry all name the working directory: never searched
+        assert interpreter_path("python3", {"PATH": os.pathsep.join(["", ".", "sub", "/nonexistent"])}) is None
+        assert interpreter_path("python3", {"PATH": os.pathsep.join([".", bin_dir])}) == os.path.join(bin_dir,
+                                                                                                   "python3")
+        assert interpreter_path("./python3", {"PATH": bin_dir}) == str(planted)  # a path is that file
+    finally:
+        os.chdir(here)
+
+
+@pytest.mark.parametrize("command", ["status", "check"])
+def test_python_python3_never_runs_a_planted_python3_in_the_working_directory(tmp_path, command):
+    """``--python python3`` ran ``./python3``: a name is looked up on PATH as a shell does. The twin: asked for by
+    its path, the planted file is what runs (the marker shows a run)."""
+    marker = tmp_path / "ran.txt"
+    planted = tmp_path / "python3"
+    planted.write_text("#!/bin/sh\necho planted >> %s\nexit 1\n" % marker)
+    planted.chmod(0o755)
+    bin_dir = os.path.dirname(sys.executable)
+    env = environment(PATH=os.pathsep.join([".", bin_dir, os.environ.get("PATH", "")]))
+    args = [command, "--python", "python3", "--json"] + (["--no-graph"] if command == "check" else [])
+    proc = subprocess.run(tool(tmp_path, *args), cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert not marker.exists(), "the planted ./python3 ran"
+    out = json.loads(proc.stdout)
+    assert out["python"]["executable"] == os.path.join(bin_dir, "python3"), out["python"]
+    twin = subprocess.run(tool(tmp_path, "status", "--python", "./python3", "--json"), cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert marker.exists() and json.loads(twin.stdout)["exit_code"] == 3

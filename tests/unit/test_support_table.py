@@ -157,3 +157,17 @@ def test_the_summary_says_of_each_site_the_verdict_status_prints_for_it():
     for site in CALL_SITES:
         if site.fix is not None and not site.inherits:
             assert engine.PATCHED in script._summary_verdict(site), site.variant
+
+
+def test_each_summary_verdict_is_the_word_status_prints_for_its_sites():
+    """README's summary says what ``status`` says: ``patched`` for a row the shim patches (the torch_xla guard's row
+    too: status prints its site ``patched``, never ``guarded``), ``fixed upstream`` for upstream-fixed code."""
+    from tpu_closure_fix.sites import CALL_SITES
+
+    script = _script()
+    for site in CALL_SITES:
+        if site.inherits:
+            continue
+        verdict = script._summary_verdict(site)
+        expected = "fixed upstream" if site.fix is None else "patched"
+        assert expected in verdict and "guarded" not in verdict.split("(")[0], (site.variant, verdict)

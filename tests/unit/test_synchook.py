@@ -475,14 +475,14 @@ def test_run_refuses_bad_values_with_the_accepted_ones(argv, capsys):
 
 
 def test_status_line(monkeypatch):
-    from tpu_closure_fix.verify import fresh
+    from tpu_closure_fix import report
 
     monkeypatch.delenv("TPU_CLOSURE_FIX_SYNC_CHECK", raising=False)
-    assert fresh._sync_check_line() == "zero-code sync check: off (TPU_CLOSURE_FIX_SYNC_CHECK unset)"
+    assert report._sync_check_line() == "zero-code sync check: off (TPU_CLOSURE_FIX_SYNC_CHECK unset)"
     monkeypatch.setenv("TPU_CLOSURE_FIX_SYNC_CHECK", "30")
-    assert fresh._sync_check_line().startswith("zero-code sync check: NOT armed although TPU_CLOSURE_FIX_SYNC_CHECK=30")
+    assert report._sync_check_line().startswith("zero-code sync check: NOT armed although TPU_CLOSURE_FIX_SYNC_CHECK=30")
     synchook.arm_from_environment()
-    assert fresh._sync_check_line().startswith("zero-code sync check: armed, every 30 optimizer steps")
+    assert report._sync_check_line().startswith("zero-code sync check: armed, every 30 optimizer steps")
 
 
 # --------------------------------------------------------------------------- TPU_CLOSURE_FIX_LOG=info

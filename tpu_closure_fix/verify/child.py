@@ -92,6 +92,22 @@ def python_code(code, python=None):
     return [python or sys.executable, "-c", _SAFE_PATH_PREFIX + code]
 
 
+def interpreter_path(text, env=None):
+    """The absolute path of the interpreter ``text`` names, found as a shell finds a command, or None when that is
+    not an executable file.
+
+    A name without a slash (``python3``) is looked up on ``PATH`` (of ``env``, default ``os.environ``), in its
+    absolute entries only: an empty, ``.`` or relative entry would name the working directory, where a planted
+    ``./python3`` must never run. A path with a slash is that file. Symlinks are kept (a venv's ``python`` is
+    one: resolved, it would name the base interpreter without the venv)."""
+    if os.sep not in text and not (os.altsep and os.altsep in text):
+        entries = (os.environ if env is None else env).get("PATH", "").split(os.pathsep)
+        found = shutil.which(text, path=os.pathsep.join(entry for entry in entries if os.path.isabs(entry)))
+        return os.path.abspath(found) if found else None
+    path = os.path.abspath(text)
+    return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+
+
 def safe_environment(env=None):
     """A copy of ``env`` (default ``os.environ``) for a child interpreter: ``PYTHONPATH`` keeps only its
     absolute entries, and ``PYTHONSAFEPATH=1``.

@@ -9,8 +9,10 @@ default, or ``--python PATH`` -- with the caller's environment and interpreter f
 
 1. before it imports anything: whether the start-up module is loaded and armed, where ``tpu_closure_fix``
    would be imported from, which site directories hold the ``.pth`` file, the interpreter's flags;
-2. then, importing the shim as the start-up hook would (or, when that interpreter cannot import it, this
-   process's copy, only to read the call-site table), every site's record (:func:`tpu_closure_fix.report.status`).
+2. then, importing the shim held back (the interpreter's own copy, or, when it cannot import one, this
+   process's, only to read the call-site table) and activating it only where the start-up hook would, every
+   site's record (:func:`tpu_closure_fix.report.payload`): what a script started there runs. Where the hook
+   does not run, a site the shim would patch is ``unpatched (start-up hook inactive)``, never ``patched``.
 
 :func:`startup_hook` turns the facts of (1) into "active" or "inactive, because ...", one numbered rule
 at a time. The child never searches the working directory (:func:`.child.python_code`).
@@ -50,18 +52,33 @@ facts["site_dirs"] = _dirs
 facts["pth_in"] = [d for d in _dirs if os.path.isfile(os.path.join(d, __PTH__))]
 """
 
-# Then: the shim (the interpreter's own, else this process's copy, last on the path) lists every site.
+# Then: the shim (the interpreter's own, else this process's copy, last on the path) lists every site. It is
+# imported held back (switched off, the zero-code check not asked for): the interpreter that trains activates it
+# only through its start-up hook, so report.child_main activates it only where that hook runs.
 _REPORT = r"""
 if _spec is None:
+    sys.dont_write_bytecode = True  # the lent copy is this process's: nothing written into it
     sys.path.extend(__FALLBACK__)
+_held = {name: os.environ.pop(name, None) for name in __HELD__}
+os.environ["TPU_CLOSURE_FIX"] = "0"
 try:
-    from tpu_closure_fix.verify import fresh as _fresh
-    _fresh.child_main(facts)
+    try:
+        from tpu_closure_fix import report as _report
+    finally:
+        for _name, _value in _held.items():
+            os.environ.pop(_name, None)
+            if _value is not None:
+                os.environ[_name] = _value
+    _report.child_main(facts)
 except Exception as exc:
     import json
     facts["error"] = "%s: %s" % (type(exc).__name__, exc)
     sys.stdout.write(__MARKER__ + json.dumps({"facts": facts}) + "\n")
 """
+
+#: The variables the child's import of the shim runs without (see ``_REPORT``): the switch, and the zero-code
+#: check's, which activation arms whatever the switch says.
+HELD = ("TPU_CLOSURE_FIX", "TPU_CLOSURE_FIX_SYNC_CHECK")
 
 
 def facts_here():
@@ -92,16 +109,19 @@ def caller_flags(flags=None):
     return out
 
 
-#: What a child that cannot import the shim itself is lent, and nothing else of this process's environment.
-LENT = ("tpu_closure_fix", "wrapt", "packaging")
+#: What a child that cannot import the shim itself is lent, and nothing else of this process's environment. Not
+#: wrapt nor packaging: this process's copies may not run on the child's Python (the asked interpreter can be
+#: any 3.8+). The lent shim is never activated there (its start-up hook cannot run: the shim is not installed),
+#: so it needs no wrapt; it compares releases with the child's own packaging, which every framework needs.
+LENT = ("tpu_closure_fix",)
 
 
 @contextlib.contextmanager
 def _lent_folder():
-    """A private folder (``mkdtemp``, mode 0700) holding only this process's tpu_closure_fix, wrapt and
-    packaging (links, or copies where links fail): appended last to the path of a child that cannot import
-    the shim itself, so that it can read the call-site table without seeing this process's other packages
-    (its frameworks would be taken for the asked interpreter's). Removed afterwards."""
+    """A private folder (``mkdtemp``, mode 0700) holding only this process's tpu_closure_fix (a link, or a copy
+    where links fail): appended last to the path of a child that cannot import the shim itself, so that it can
+    read the call-site table without seeing this process's other packages (its frameworks would be taken for
+    the asked interpreter's). Removed afterwards."""
     folder = tempfile.mkdtemp(prefix="tpu-closure-fix-lent-")
     try:
         for name in LENT:
@@ -121,13 +141,17 @@ def _lent_folder():
 def command(python=None, flags=None, lent=None):
     """The fresh interpreter's command line (``lent``: the folder of :func:`_lent_folder`)."""
     code = (_FACTS + _REPORT).replace("__PTH__", repr(PTH)).replace("__FALLBACK__", repr([lent] if lent else [])) \
-        .replace("__MARKER__", repr(child.RESULT_MARK))
+        .replace("__MARKER__", repr(child.RESULT_MARK)).replace("__HELD__", repr(HELD))
     argv = child.python_code(code, python=python)
     return argv[:1] + (caller_flags() if flags is None else list(flags)) + argv[1:]
 
 
-def run_status(python=None, flags=None, timeout=TIMEOUT):
+def run_status(python=None, flags=None, timeout=TIMEOUT, script=None):
     """``(payload, error)``: the fresh interpreter's facts and records, or None and why it failed.
+
+    ``payload["beside_script"]``: the framework packages in the directory of the training script ``script``
+    (default: the working directory) that a script run from there imports instead of what the child imported
+    (:mod:`.script_dir`; the child never searches that directory), with that ``directory``.
 
     A ``PYTHONPATH`` entry relative to the working directory is never followed by a child (see
     :func:`tpu_closure_fix.verify.child.safe_environment`); the interpreter that trains would follow it, so
@@ -145,42 +169,22 @@ def run_status(python=None, flags=None, timeout=TIMEOUT):
         run = child.run_child(command(python, flags, lent), timeout, env=child.safe_environment())
     if run.payload is None:
         return None, "%s could not report: %s" % (python or sys.executable, run.error or run.stderr_tail())
+    if "records" in run.payload:
+        run.payload["beside_script"] = _beside_script(run.payload, flags, script)
     return run.payload, None
 
 
-def child_main(facts):
-    """In the fresh interpreter, after the facts: import the shim, list every site, print the payload."""
-    child.emit(payload(facts))
+def _beside_script(payload, flags, script):
+    """``{"directory", "found"}``: what :func:`.script_dir.shadowing` finds in the training script's directory,
+    where the asked interpreter searches it (``found`` is empty where it does not)."""
+    from .. import sites
+    from . import script_dir
 
-
-def payload(facts):
-    """The facts with every site's record, as this process (importing every installed site module) sees it."""
-    import tpu_closure_fix
-    from tpu_closure_fix import report
-    from tpu_closure_fix.__about__ import __version__
-
-    from . import scan
-
-    failures = report.import_installed_sites()
-    records = report.status(import_errors=failures)
-    try:
-        uncovered, scan_error = scan.uncovered_steps(), None
-    except Exception as exc:  # the search itself failed: then nothing says the release is covered
-        uncovered, scan_error = [], "%s: %s" % (type(exc).__name__, exc)
-    return {"facts": facts, "records": records, "shim_version": __version__,
-            "shim_path": os.path.dirname(os.path.abspath(tpu_closure_fix.__file__)), "sync_check": _sync_check_line(),
-            "uncovered": uncovered, "scan_error": scan_error, "compiled_only": report.compiled_only(records)}
-
-
-def _sync_check_line():
-    """Whether the zero-code SyncCheck is armed; its module is only imported when its variable is set."""
-    from ..config import SYNC_CHECK_VAR
-
-    if not os.environ.get(SYNC_CHECK_VAR):
-        return "zero-code sync check: off (%s unset)" % SYNC_CHECK_VAR
-    from ..synccheck import hook
-
-    return hook.status_line()
+    directory = script_dir.directory_of(script)
+    found = []
+    if script_dir.searched(flags, payload["facts"].get("version"), os.environ):
+        found = script_dir.shadowing(directory, sites.top_level_packages(), payload.get("origins") or {})
+    return {"directory": directory, "found": found}
 
 
 def startup_hook(facts):
