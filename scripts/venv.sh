@@ -10,11 +10,12 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
-if ! "$PY" -c "import torch, wrapt, pytest, hypothesis, packaging" >/dev/null 2>&1; then
-  echo "== installing torch 2.13.0 (CPU) and the test tools" >&2
-  "$PY" -m pip install -q --disable-pip-version-check torch==2.13.0 wrapt packaging pytest hypothesis 2>&1 \
-    | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
-  "$PY" -c "import torch, wrapt, pytest, hypothesis, packaging" || { echo "base venv install failed" >&2; exit 1; }
+if ! "$PY" -c "import torch, wrapt, pytest, hypothesis, packaging, xxhash" >/dev/null 2>&1; then
+  echo "== installing torch 2.13.0 (CPU), the package's dependencies and the test tools" >&2
+  "$PY" -m pip install -q --disable-pip-version-check torch==2.13.0 wrapt packaging "xxhash>=3.0" pytest hypothesis \
+    2>&1 | grep -v "is ignored: it is neither a file nor a directory" >&2 || true
+  "$PY" -c "import torch, wrapt, pytest, hypothesis, packaging, xxhash" \
+    || { echo "base venv install failed" >&2; exit 1; }
 fi
 echo "== installing tpu-closure-fix from a wheel built from this checkout" >&2
 "$PY" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "$REPO" 2>&1 \
