@@ -66,6 +66,7 @@ devices the elementwise hash above stays on the device.
 """
 import ctypes
 import hashlib
+import math
 
 #: Format of the vector; replicas with another format disagree on the header (never crash). ``FORMAT``:
 #: every tensor hashed elementwise; ``FORMAT_XXH3``: the vector was computed on the CPU, whose tensors
@@ -445,11 +446,11 @@ def _sums_in_the_pass(tensor, raw):
 
 
 def xxh3_fields(tensor, position, pass_bytes=PASS_BYTES):
-    """``(32-bit hash, non-finite count, float32 sum, float32 sum of |values|)`` of a CPU tensor, its bytes
-    read from memory once: each ``pass_bytes`` piece is hashed (XXH3-64, seed ``position``, streamed:
-    the same digest as the whole bytes at once), then summed while it is in the cache. The hash is an
-    int, the others scalar tensors as :func:`value_sums` gives them. None where the tensor's bits are not
-    plain memory (:func:`hashed_bytes`)."""
+    """``(32-bit hash, non-finite count, float32 sum, float32 sum of |values|)`` of a CPU tensor as Python
+    numbers, its bytes read from memory once: each ``pass_bytes`` piece is hashed (XXH3-64, seed
+    ``position``, streamed: the same digest as the whole bytes at once), then summed while it is in the
+    cache (the sums are :func:`value_sums`'). None where the tensor's bits are not plain memory
+    (:func:`hashed_bytes`)."""
     import torch
 
     raw = hashed_bytes(tensor)
@@ -460,47 +461,47 @@ def xxh3_fields(tensor, position, pass_bytes=PASS_BYTES):
     step = max(1, pass_bytes // raw.element_size())
     pieces = [raw[start:start + step] for start in range(0, raw.numel(), step)]
     scratch = torch.empty(min(step, raw.numel()), dtype=raw.dtype) if summed else None
-    totals, scales = [], []
+    total = scale = 0.0
     for piece in pieces:
         hasher.update(_memory(piece))
         if summed:
-            totals.append(piece.sum(dtype=torch.float32))
-            # abs into a cached buffer, then sum: a third of vector_norm's time here
-            scales.append(torch.abs(piece, out=scratch[:piece.numel()]).sum(dtype=torch.float32))
+            total = piece.sum(dtype=torch.float32) + total  # float32 additions, in the order of value_sums
+            # abs into a buffer, then sum: a third of vector_norm's time here
+            scale = torch.abs(piece, out=scratch[:piece.numel()]).sum(dtype=torch.float32) + scale
     digest = fold64(hasher.intdigest())
     if not summed:
-        return (digest,) + tuple(value_sums(_resolved(tensor.detach())))
-    return (digest,) + _finished_sums(pieces, totals, scales)
-
-
-def _finished_sums(pieces, totals, scales):
-    """(non-finite count, sum, sum of |values|) from the pieces' sums; the non-finite elements are counted
-    only when the sum is not finite (a NaN or inf among the values always makes it so)."""
-    import torch
-
-    total = torch.as_tensor(sum(totals), dtype=torch.float32)
-    scale = torch.as_tensor(sum(scales), dtype=torch.float32)
-    nonfinite = torch.zeros((), dtype=torch.float32)
-    if not bool(torch.isfinite(total)):
-        nonfinite = torch.as_tensor(sum(_nonfinite_count(piece) for piece in pieces), dtype=torch.float32)
-    return nonfinite, total, scale
+        return (digest,) + tuple(float(v) for v in value_sums(_resolved(tensor.detach())))
+    total, scale = float(total), float(scale)
+    # non-finite elements are counted only when the sum is not: a NaN or inf among the values makes it so
+    nonfinite = 0.0 if math.isfinite(total) else float(sum(float(_nonfinite_count(piece)) for piece in pieces))
+    return digest, nonfinite, total, scale
 
 
 def tensor_hash(tensor, position, chunk=CHUNK, cpu_hash=None):
     """The 32-bit hash of one tensor as the vector carries it (an int32 scalar tensor on the tensor's device):
     XXH3 for a CPU tensor where :func:`uses_xxh3`, else :func:`bit_hash`."""
-    return _tensor_fields(tensor, position, chunk, uses_xxh3(cpu_hash))[0]
+    return _per_tensor_fields([(position, 0, tensor)], chunk, uses_xxh3(cpu_hash), tensor.device)[0][0]
 
 
-def _tensor_fields(tensor, position, chunk, xxh3):
-    """(int32 hash, float32 [non-finite count, sum, sum of |values|]) of one tensor, on its device."""
+def _per_tensor_fields(entries, chunk, xxh3, device):
+    """(int32 hashes, float32 [non-finite count, sum, sum of |values|] rows) of the entries, on ``device``.
+    Tensors hashed with XXH3 give Python numbers, made into tensors at once (one call, not one per tensor)."""
     import torch
 
-    found = xxh3_fields(tensor, position) if xxh3 else None
-    if found is None:
-        return bit_hash(tensor, position, chunk), torch.stack(list(value_sums(tensor, chunk)))
-    digest, nonfinite, total, scale = found
-    return torch.tensor(signed32(digest), dtype=torch.int32), torch.stack([nonfinite, total, scale])
+    fast = [xxh3_fields(t, k) if xxh3 else None for k, _, t in entries]
+    if all(found is not None for found in fast):
+        hashes = torch.tensor([signed32(found[0]) for found in fast], dtype=torch.int32)
+        stats = torch.tensor([found[1:] for found in fast], dtype=torch.float32).reshape(len(fast), 3)
+        return hashes.to(device), stats.to(device)
+    hashes, stats = [], []
+    for found, (k, _, t) in zip(fast, entries):
+        if found is None:
+            hashes.append(bit_hash(t, k, chunk).to(device))
+            stats.append(torch.stack([v.to(device) for v in value_sums(t, chunk)]))
+        else:
+            hashes.append(torch.tensor(signed32(found[0]), dtype=torch.int32, device=device))
+            stats.append(torch.tensor(found[1:], dtype=torch.float32, device=device))
+    return torch.stack(hashes), torch.stack(stats)
 
 
 # --------------------------------------------------------------------------- structure hashes (host)
@@ -616,9 +617,7 @@ def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK
     stats = torch.zeros(slots, 3, dtype=torch.float32, device=device)
     if entries:
         index = torch.tensor([s for _, s, _ in entries], dtype=torch.int64).to(device)
-        fields = [_tensor_fields(t, k, chunk, xxh3) for k, _, t in entries]
-        per_tensor = torch.stack([h.to(device) for h, _ in fields])
-        per_stats = torch.stack([v.to(device) for _, v in fields])
+        per_tensor, per_stats = _per_tensor_fields(entries, chunk, xxh3, device)
         hashes.index_add_(0, index, per_tensor)
         stats.index_add_(0, index, per_stats)
     hi = torch.bitwise_right_shift(hashes, 16).bitwise_and_(0xFFFF).to(torch.float32)
