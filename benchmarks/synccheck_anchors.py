@@ -126,8 +126,8 @@ def _reset_peak():
 def measured(call):
     """(held s, work s, bytes sent, peak extra bytes or None) of one call, which must return True."""
     gc.collect()
-    peak_known = _reset_peak()
     rss = _proc_field("/proc/self/status", "VmRSS:")
+    peak_known = _reset_peak()
     sent = _proc_field("/proc/self/io", "wchar:")
     work = time.process_time()
     start = time.perf_counter()
@@ -135,7 +135,8 @@ def measured(call):
     held = time.perf_counter() - start
     work = time.process_time() - work
     sent = _proc_field("/proc/self/io", "wchar:") - sent
-    peak = (_proc_field("/proc/self/status", "VmHWM:") - rss) * 1024 if peak_known else None
+    # pages freed since the RSS was read can put the high-water mark below it: no extra memory then
+    peak = max(0, _proc_field("/proc/self/status", "VmHWM:") - rss) * 1024 if peak_known else None
     if verdict is not True:
         raise SystemExit("a method found replicas that hold the same model different: %r" % (verdict,))
     return held, work, sent, peak
