@@ -127,6 +127,10 @@ def test_tensor_subclasses_and_other_devices_are_hashed_elementwise():
     assert fingerprint.hashed_bytes(marked) is None and fingerprint.hashed_bytes(t.to("meta")) is None
     assert int(fingerprint.tensor_hash(marked, 1, cpu_hash="xxh3")) == int(fingerprint.bit_hash(t, 1))
     assert int(fingerprint.tensor_hash(t, 1, cpu_hash="xxh3")) != int(fingerprint.bit_hash(t, 1))
+    # one vector holding both: each tensor gets its own hash in its own slot
+    decoded = fingerprint.decode(fingerprint.local_vector([t, marked], slots=SLOTS, cpu_hash="xxh3"), slots=SLOTS)
+    joined = [int(decoded["bits_hi"][0][k]) << 16 | int(decoded["bits_lo"][0][k]) for k in (0, 1)]
+    assert joined == [_hash(t, 0), fingerprint.unsigned32(int(fingerprint.bit_hash(t, 1)))]
 
 
 def test_the_vector_says_which_hash_its_cpu_tensors_got(monkeypatch):
