@@ -11,6 +11,13 @@ n^2 pairs, e.g. 6.9e10 for n = 2^18), so the collision rate is measured against 
 statistics. Swapping two elements (a permutation) changes two contributions that depend on each other;
 it is sampled, and its low 16 bits are checked against 2^-16 (is the mix uniform where it can be seen?).
 
+The CPU hash where ``xxhash`` imports (XXH3-64 of the tensor's bytes, seeded with its position, folded to
+32 bits) is no sum of per-word contributions: no pair can be counted at once, and one changed word is not
+seen by construction but with probability 1 - 2^-32. It is sampled instead (``--xxh3-samples`` changes of
+each kind to a 1,024-element float32 tensor at a random position: one ulp at one element, a sign flip, one
+word's random bits, +1 ulp at i and -1 ulp at j, two elements swapped): full 32-bit matches with the
+unchanged tensor's hash against 2^-32, and low 16 bits against 2^-16.
+
     python benchmarks/synccheck_collisions.py            # n = 2^18 words per tensor: the figures in docs
     python benchmarks/synccheck_collisions.py --smoke    # n = 2^12, a few seconds: the script works
 """
@@ -109,11 +116,77 @@ def swaps(base, samples, seed=0):
             "low16_rate": low / m if m else None}
 
 
+def xxh3_sampled(samples, words=1024, position=0, seed=0):
+    """Sampled changes of a float32 tensor's words under the XXH3 hash: per kind, the changes whose folded
+    32-bit hash equals the unchanged tensor's (and those whose low 16 bits do)."""
+    import random
+    import struct
+
+    from tpu_closure_fix.synccheck import fingerprint
+
+    xxhash = fingerprint.xxhash_module()
+    rng = random.Random(seed)
+    base = bytearray(struct.pack("<%df" % words, *[rng.uniform(0.5, 1.5) for _ in range(words)]))
+
+    def folded(data, seed):
+        return fingerprint.fold64(xxhash.xxh3_64_intdigest(bytes(data), seed=seed))
+
+    def word(data, i):
+        return struct.unpack_from("<I", data, 4 * i)[0]
+
+    def put(data, i, value):
+        struct.pack_into("<I", data, 4 * i, value & MASK)
+
+    def one_ulp(data):
+        i = rng.randrange(words)
+        put(data, i, word(data, i) + 1)
+
+    def sign(data):
+        i = rng.randrange(words)
+        put(data, i, word(data, i) ^ 0x80000000)
+
+    def up_down(data):
+        i, j = rng.sample(range(words), 2)
+        put(data, i, word(data, i) + 1)
+        put(data, j, word(data, j) - 1)
+
+    def swap(data):
+        i, j = rng.sample(range(words), 2)
+        a, b = word(data, i), word(data, j)
+        put(data, i, b)
+        put(data, j, a)
+
+    def random_bits(data):
+        i = rng.randrange(words)
+        put(data, i, word(data, i) ^ rng.randrange(1, 1 << 32))
+
+    results = []
+    for name, change in (("one ulp at one element", one_ulp), ("sign flipped at one element", sign),
+                         ("one word, random bits changed", random_bits), ("+1 ulp at i, -1 ulp at j", up_down),
+                         ("two elements swapped", swap)):
+        full = low = 0
+        for _ in range(samples):
+            # a random position (the seed) per sample: one tensor gives only 1,024 one-element changes
+            seed = rng.randrange(position, 1 << 24)
+            reference = folded(base, seed)
+            data = bytearray(base)
+            change(data)
+            h = folded(data, seed)
+            full += h == reference
+            low += (h & 0xFFFF) == (reference & 0xFFFF)
+        results.append({"case": "XXH3: " + name, "dtype": "float32", "samples": samples, "collisions": full,
+                        "expected_at_2^-32": samples / 2.0 ** 32, "low16_collisions": low,
+                        "low16_expected_at_2^-16": samples / 2.0 ** 16})
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="small sizes: check the script runs")
     parser.add_argument("--log2-words", type=int, default=18, help="words per tensor, log2 (default 18)")
     parser.add_argument("--swaps", type=int, default=10_000_000, help="sampled swaps (default 1e7)")
+    parser.add_argument("--xxh3-samples", type=int, default=2_000_000,
+                        help="sampled changes of each kind under the XXH3 hash (default 2e6)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     import torch
@@ -128,12 +201,22 @@ def main(argv=None):
         flipped = -base
         results.append(pairwise("sign flipped at i and at j", base, flipped, flipped))
         results.append(swaps(base, samples))
+    from tpu_closure_fix.synccheck import fingerprint
+
+    if fingerprint.xxhash_module() is not None:
+        results += xxh3_sampled(10_000 if args.smoke else args.xxh3_samples)
+    else:
+        print("XXH3: not measured, the xxhash package does not import here (pip install 'xxhash>=3.0')")
     for r in results:
         if "pairs" in r:
             print("%-28s %-9s %d words: %.3g pairs, %d collisions (%.2f expected at 2^-32), rate %.3g "
                   "[95%% %.2g..%.2g]; one-word changes unseen: %d"
                   % (r["case"], r["dtype"], r["words"], r["pairs"], r["collisions"], r["expected_at_2^-32"],
                      r["rate"], r["rate_95ci"][0], r["rate_95ci"][1], r["single_word_unseen"]))
+        elif "samples" in r:
+            print("%-36s %d changes: %d unseen (%.2g expected); low 16 bits equal: %d (%.1f expected)"
+                  % (r["case"], r["samples"], r["collisions"], r["expected_at_2^-32"], r["low16_collisions"],
+                     r["low16_expected_at_2^-16"]))
         else:
             print("%-28s %-9s %d swaps: %d collisions (%.2g expected at 2^-32); low 16 bits: %d "
                   "(%.1f expected at 2^-16)" % (r["case"], r["dtype"], r["swaps"], r["collisions"],

@@ -27,7 +27,7 @@ EQUIVALENT="$REPO/scripts/mutation_equivalent.txt"
 MAP="
 engine|tpu_closure_fix/engine.py|tests/unit/test_engine_rules.py tests/unit/test_engine_lifecycle.py
 identity|tpu_closure_fix/identity.py|tests/unit/test_identity.py tests/unit/test_identity_edges.py tests/unit/test_identity_scopes.py
-fingerprint|tpu_closure_fix/synccheck/fingerprint.py|tests/unit/test_fingerprint_vector.py tests/unit/test_fingerprint_dtypes.py
+fingerprint|tpu_closure_fix/synccheck/fingerprint.py|tests/unit/test_fingerprint_vector.py tests/unit/test_fingerprint_dtypes.py tests/unit/test_fingerprint_xxh3.py
 compare|tpu_closure_fix/synccheck/compare.py|tests/unit/test_compare_run.py tests/unit/test_synccheck_rules.py tests/unit/test_synccheck_inprocess.py
 callback|tpu_closure_fix/synccheck/callback.py|tests/unit/test_callback_schedule.py tests/unit/test_synccheck_inprocess.py tests/unit/test_synccheck_rules.py
 calls|tpu_closure_fix/calls.py|tests/unit/test_calls.py tests/unit/test_calls_edges.py

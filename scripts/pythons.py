@@ -6,7 +6,7 @@ real-framework target at each end of that range (each test module holds its TPU_
     python scripts/pythons.py test  [--results DIR] [--skip-minor 3.11]   # build what is missing, then test
 
 ``build`` makes one venv per interpreter under .cache/pythons/<minor>/venv with pytest, hypothesis,
-wrapt, packaging and the torch of PLANS (none, where the interpreter has no torch to test with),
+wrapt, packaging, xxhash and the torch of PLANS (none, where the interpreter has no torch to test with),
 then installs this checkout's wheel into it (not editable: the .pth and the start-up module are
 installed as a user gets them). A venv is kept while its stamp (the plan and the interpreter's full
 version) matches, so a second run only refreshes the wheel. ``test`` builds what is missing, then
@@ -41,7 +41,7 @@ from download_retry import retry_once  # noqa: E402
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.join(REPO, ".cache", "pythons")
 MINORS = ("3.8", "3.9", "3.10", "3.11", "3.12", "3.13")
-TEST_TOOLS = ("pytest", "hypothesis", "wrapt", "packaging", "typing_extensions")  # test_identity decorates with its override
+TEST_TOOLS = ("pytest", "hypothesis", "wrapt", "packaging", "xxhash", "typing_extensions")  # test_identity decorates with its override
 
 #: What each interpreter gets besides the test tools.  torch: the CPU build 2.13.0 exists for 3.11
 #: only (the machine's local wheel); 3.8 gets 1.12.1, the last torch whose PyPI wheel carries its

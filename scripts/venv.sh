@@ -16,10 +16,11 @@ quiet_pip() {  # pip install in the venv, its harmless find-links notes left out
     | grep -v "is ignored: it is neither a file nor a directory" >&2
   return "${PIPESTATUS[0]}"
 }
-if ! "$PY" -c "import torch, wrapt, pytest, hypothesis, packaging" >/dev/null 2>&1; then
-  echo "== installing torch 2.13.0 (CPU) and the test tools" >&2
-  retry_once quiet_pip torch==2.13.0 wrapt packaging pytest hypothesis || true
-  "$PY" -c "import torch, wrapt, pytest, hypothesis, packaging" || { echo "base venv install failed" >&2; exit 1; }
+if ! "$PY" -c "import torch, wrapt, pytest, hypothesis, packaging, xxhash" >/dev/null 2>&1; then
+  echo "== installing torch 2.13.0 (CPU), the package's dependencies and the test tools" >&2
+  retry_once quiet_pip torch==2.13.0 wrapt packaging "xxhash>=3.0" pytest hypothesis || true
+  "$PY" -c "import torch, wrapt, pytest, hypothesis, packaging, xxhash" \
+    || { echo "base venv install failed" >&2; exit 1; }
 fi
 echo "== installing tpu-closure-fix from a wheel built from this checkout" >&2
 retry_once quiet_pip --no-deps --force-reinstall "$REPO" || true

@@ -64,8 +64,10 @@ def _fingerprint_matches(device):
     from tpu_closure_fix.synccheck import fingerprint
 
     tensors = _tensors()
-    on_cpu = fingerprint.local_vector(tensors)
-    on_xla = fingerprint.local_vector([t.to(device) for t in tensors], device=device).cpu()
+    # the elementwise hash on both sides: the one XLA computes on the device (a CPU vector hashes with XXH3
+    # where xxhash imports, and says so in its format)
+    on_cpu = fingerprint.local_vector(tensors, cpu_hash="elementwise")
+    on_xla = fingerprint.local_vector([t.to(device) for t in tensors], device=device, cpu_hash="elementwise").cpu()
     _, floats, _ = fingerprint._layout(fingerprint.SLOTS)  # the exact fields come first
     hashes = [fingerprint.unsigned32(fingerprint.bit_hash(t, k)) for k, t in enumerate(tensors)]
     hashes_xla = [fingerprint.unsigned32(fingerprint.bit_hash(t.to(device), k).cpu()) for k, t in enumerate(tensors)]

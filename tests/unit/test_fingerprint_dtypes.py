@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the fingerprint hashes torch tensors: no torch here")
 
 from tpu_closure_fix.synccheck import fingerprint  # noqa: E402  (after the skip: needs torch)
+from support.hash_paths import hash_path  # noqa: E402,F401  (autouse: every test on both CPU hashes)
 
 QUANTIZED = {"qint8", "quint8", "qint32", "quint4x2", "quint2x4"}
 

@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the fingerprint hashes torch tensors: no torch here")
 
 from tpu_closure_fix.synccheck import fingerprint  # noqa: E402  (after the skip: needs torch)
+from support.hash_paths import hash_path  # noqa: E402,F401  (autouse: every test on both CPU hashes)
 
 SLOTS = 8
 
@@ -62,7 +63,7 @@ def test_each_slots_bit_hash_is_carried_whole_in_its_halves():
     exactly the tensor's bit hash, for hashes whose bits take both values."""
     tensors = [_random(torch.float32, 6, seed) for seed in range(SLOTS)]
     decoded = _decoded(tensors)
-    hashes = [fingerprint.unsigned32(int(fingerprint.bit_hash(t, k))) for k, t in enumerate(tensors)]
+    hashes = [fingerprint.unsigned32(int(fingerprint.tensor_hash(t, k))) for k, t in enumerate(tensors)]
     for bit in (0, 15, 16, 31):  # the test itself: these bits vary among the hashes
         assert len({h >> bit & 1 for h in hashes}) == 2, bit
     assert [_joined(decoded, "bits", k) for k in range(SLOTS)] == hashes
@@ -86,7 +87,7 @@ def test_the_structure_digest_reaches_the_header_whole():
     for bit in range(32):  # a digest differing in any one bit (bit 16 included) reads differently
         other = fingerprint._header(0, None, 2, digest ^ (1 << bit), 1)
         assert other != fingerprint._header(0, None, 2, digest, 1), bit
-    assert decoded["count"] == (2.0, 2.0) and decoded["format"] == (fingerprint.FORMAT, fingerprint.FORMAT)
+    assert decoded["count"] == (2.0, 2.0) and decoded["format"] == (fingerprint.vector_format(),) * 2
 
 
 def test_the_step_reaches_the_header_whole():
@@ -108,7 +109,8 @@ def test_shape_and_dtype_hashes_per_slot():
 def test_several_tensors_in_one_slot_add_their_hashes():
     ts = [_random(torch.float32, 3, seed) for seed in range(3)]
     decoded = _decoded(ts, slots=2)  # tensors 0 and 2 share slot 0
-    expected = fingerprint.unsigned32(int(fingerprint.bit_hash(ts[0], 0)) + int(fingerprint.bit_hash(ts[2], 2)))
+    expected = fingerprint.unsigned32(int(fingerprint.tensor_hash(ts[0], 0))
+                                      + int(fingerprint.tensor_hash(ts[2], 2)))
     assert _joined(decoded, "bits", 0) == expected
     assert float(decoded["sum"][0][0]) == pytest.approx(float(ts[0].sum() + ts[2].sum()), rel=1e-6)
 
@@ -168,7 +170,8 @@ def test_an_empty_floating_point_parameter_is_fingerprinted():
 def test_integer_tensors_have_no_value_sums_but_their_bits():
     t = torch.tensor([3, -4], dtype=torch.int32)
     assert [float(v) for v in fingerprint.value_sums(t)] == [0.0, 0.0, 0.0]
-    assert int(fingerprint.bit_hash(t, 0)) != int(fingerprint.bit_hash(torch.tensor([3, -5], dtype=torch.int32), 0))
+    other = torch.tensor([3, -5], dtype=torch.int32)
+    assert int(fingerprint.tensor_hash(t, 0)) != int(fingerprint.tensor_hash(other, 0))
 
 
 def test_absent_slots_are_minus_infinity_in_every_copy():

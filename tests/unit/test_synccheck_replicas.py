@@ -279,7 +279,7 @@ def test_absent_slots_never_differ():
     decoded = fingerprint.decode(vector)
     assert decoded["compared"].nonzero().flatten().tolist() == [0, 1]
     assert not bool(fingerprint.slots_differing(decoded, "bits_hi", "bits_lo", "nonfinite").any())
-    assert decoded["format"] == (fingerprint.FORMAT, fingerprint.FORMAT)
+    assert decoded["format"] == (fingerprint.vector_format(), fingerprint.vector_format())
 
 
 def test_check_sync_checks_before_the_first_update_at_the_first_step_then_every_n(loopback):

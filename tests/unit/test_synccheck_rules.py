@@ -57,8 +57,8 @@ def model(seed=0, n=3):
 def test_rule_1_another_format_is_unverified(monkeypatch):
     original = fingerprint._header
 
-    def header(failed, step, count, digest, lanes):
-        values = original(failed, step, count, digest, lanes)
+    def header(*args, **kwargs):
+        values = original(*args, **kwargs)
         if threading.current_thread().name.endswith("-1"):
             values[0] = 99.0
         return values

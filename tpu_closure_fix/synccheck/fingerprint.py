@@ -49,16 +49,40 @@ replicas agree (``max == min``). A replica with no parameters sends the same fix
 On CPU the words are processed in chunks of ``CHUNK`` elements, so a check needs a few chunk-sized
 buffers beyond the parameters, whatever the model's size; on other devices each tensor is hashed
 whole (one lazily traced expression on XLA).
-"""
-import hashlib
 
-#: Format of the vector; replicas with another format disagree on the header (never crash).
+The CPU hash: XXH3
+------------------
+Where the ``xxhash`` package imports, a vector computed on the CPU hashes each CPU tensor's raw bytes
+(memory order of its contiguous form, read in place: no copy of a contiguous tensor) with XXH3-64,
+seeded with the tensor's position in the model, and folds the 64-bit digest to the slot's 32-bit field
+(high half XOR low half). The bytes are read once: each ``PASS_BYTES`` piece is hashed, then summed
+while it is still in the processor's cache. Where XXH3 is in use, every vector (also one computed on XLA,
+whose tensors it does not concern, and a failed replica's) carries ``FORMAT_XXH3`` in its header, so a
+replica that hashes elementwise (no ``xxhash`` there) reads as another format: ``unverified``, never a
+false difference. XXH3 is not a bijection of a word: ANY difference, one word or many, goes unseen
+with probability about 2^-32 per differing tensor and check (the folded digest of different bytes
+matches by chance), the bound the elementwise hash has for two or more changed words. On XLA and other
+devices the elementwise hash above stays on the device.
+"""
+import ctypes
+import hashlib
+import math
+
+#: Format of the vector; replicas with another format disagree on the header (never crash). ``FORMAT``:
+#: every tensor hashed elementwise; ``FORMAT_XXH3``: the vector was computed on the CPU, whose tensors
+#: are hashed with XXH3 (same layout, other hash values).
 FORMAT = 2
+FORMAT_XXH3 = 3
 #: Slots of the vector: a model with more tensors hashes several tensors per slot.
 SLOTS = 1024
 #: Words hashed at a time on CPU: the temporary buffers of a check (a few times 1 MiB) stay in the
 #: processor's cache, which made hashing 100 M words about 10 % faster than with 4 MiB chunks.
 CHUNK = 1 << 18
+#: Bytes of a CPU tensor hashed with XXH3 and then summed at a time: each piece is read from memory once
+#: and summed from the processor's cache (pieces of 256 KiB to 512 KiB measured fastest here).
+PASS_BYTES = 1 << 19
+#: Accepted values of ``local_vector``'s ``cpu_hash``: None (XXH3 where ``xxhash`` imports), or one of these.
+CPU_HASHES = ("xxh3", "elementwise")
 
 # lowbias32 (two xorshift-multiply rounds and a last xorshift; constants from Chris Wellons's
 # hash-prospector: with the position multiplier it measured as uniform as 2^-32 where the three-round
@@ -340,6 +364,146 @@ def _abs_sum(t):
     return torch.linalg.vector_norm(t, 1, dtype=torch.float32)
 
 
+# --------------------------------------------------------------------------- the CPU hash (XXH3)
+_xxhash = []
+
+
+def xxhash_module():
+    """The ``xxhash`` module where it imports and has XXH3, else None (then every tensor is hashed elementwise).
+    Looked up once per process: every vector of a process is of one format."""
+    if not _xxhash:
+        try:
+            import xxhash
+
+            _xxhash.append(xxhash if hasattr(xxhash, "xxh3_64") else None)
+        except Exception:  # not installed, or a build that does not load: the elementwise hash always works
+            _xxhash.append(None)
+    return _xxhash[0]
+
+
+def uses_xxh3(cpu_hash=None):
+    """Whether CPU tensors are hashed with XXH3. ``cpu_hash``: None (XXH3 where ``xxhash`` imports),
+    ``"xxh3"`` or ``"elementwise"``."""
+    if cpu_hash is not None and cpu_hash not in CPU_HASHES:
+        raise ValueError("cpu_hash must be None, %s; got %r" % (" or ".join(repr(h) for h in CPU_HASHES), cpu_hash))
+    if cpu_hash == "elementwise":
+        return False
+    if xxhash_module() is not None:
+        return True
+    if cpu_hash == "xxh3":
+        raise ValueError("cpu_hash='xxh3' needs the xxhash package, which does not import here: "
+                         "pip install 'xxhash>=3.0'")
+    return False
+
+
+def vector_format(cpu_hash=None):
+    """The format a vector of this process carries: ``FORMAT_XXH3`` where CPU tensors are hashed with XXH3."""
+    return FORMAT_XXH3 if uses_xxh3(cpu_hash) else FORMAT
+
+
+def fold64(digest):
+    """A 64-bit digest folded to 32 bits: its high half XOR its low half."""
+    return ((digest >> 32) ^ digest) & _MASK32
+
+
+def hashed_bytes(tensor):
+    """A flat contiguous CPU tensor whose memory holds ``tensor``'s raw bits in element order (``tensor``'s own
+    memory when it is contiguous: no copy), or None where they are not plain memory of this process (other
+    devices, tensor subclasses, sparse layouts): those are hashed elementwise."""
+    import torch
+
+    t = tensor.detach()
+    if type(t) is not torch.Tensor or t.device.type != "cpu" or t.layout != torch.strided:
+        return None
+    t = _resolved(t)
+    if t.is_quantized:  # the stored integers, as the elementwise hash reads them
+        t = t.int_repr()
+    return t.contiguous().reshape(-1)
+
+
+def _resolved(t):
+    """``t`` itself, or for a lazily conjugated or negated view the values it stands for (not the memory it
+    shares with the tensor it views)."""
+    if getattr(t, "is_conj", None) is not None and t.is_conj():
+        t = t.resolve_conj()
+    if getattr(t, "is_neg", None) is not None and t.is_neg():
+        t = t.resolve_neg()
+    return t
+
+
+def _memory(piece):
+    """The bytes of a contiguous CPU tensor in place: a ctypes array over its memory (no copy, no numpy)."""
+    size = piece.numel() * piece.element_size()
+    if size == 0:
+        return b""
+    return (ctypes.c_ubyte * size).from_address(piece.data_ptr())
+
+
+def _sums_in_the_pass(tensor, raw):
+    """Whether ``raw``'s elements are the values whose sums the vector carries (plain floating point of two
+    bytes or more); otherwise :func:`value_sums` takes them apart (quantized, complex, float8, integers)."""
+    return raw.dtype == tensor.dtype and raw.is_floating_point() and raw.element_size() >= 2
+
+
+def xxh3_fields(tensor, position, pass_bytes=PASS_BYTES):
+    """``(32-bit hash, non-finite count, float32 sum, float32 sum of |values|)`` of a CPU tensor as Python
+    numbers, its bytes read from memory once: each ``pass_bytes`` piece is hashed (XXH3-64, seed
+    ``position``, streamed: the same digest as the whole bytes at once), then summed while it is in the
+    cache (the sums are :func:`value_sums`'). None where the tensor's bits are not plain memory
+    (:func:`hashed_bytes`)."""
+    import torch
+
+    raw = hashed_bytes(tensor)
+    if raw is None:
+        return None
+    hasher = xxhash_module().xxh3_64(seed=position)
+    summed = _sums_in_the_pass(tensor, raw)
+    step = max(1, pass_bytes // raw.element_size())
+    pieces = [raw[start:start + step] for start in range(0, raw.numel(), step)]
+    scratch = torch.empty(min(step, raw.numel()), dtype=raw.dtype) if summed else None
+    total = scale = 0.0
+    for piece in pieces:
+        hasher.update(_memory(piece))
+        if summed:
+            total = piece.sum(dtype=torch.float32) + total  # float32 additions, in the order of value_sums
+            # abs into a buffer, then sum: a third of vector_norm's time here
+            scale = torch.abs(piece, out=scratch[:piece.numel()]).sum(dtype=torch.float32) + scale
+    digest = fold64(hasher.intdigest())
+    if not summed:
+        return (digest,) + tuple(float(v) for v in value_sums(_resolved(tensor.detach())))
+    total, scale = float(total), float(scale)
+    # non-finite elements are counted only when the sum is not: a NaN or inf among the values makes it so
+    nonfinite = 0.0 if math.isfinite(total) else float(sum(float(_nonfinite_count(piece)) for piece in pieces))
+    return digest, nonfinite, total, scale
+
+
+def tensor_hash(tensor, position, chunk=CHUNK, cpu_hash=None):
+    """The 32-bit hash of one tensor as the vector carries it (an int32 scalar tensor on the tensor's device):
+    XXH3 for a CPU tensor where :func:`uses_xxh3`, else :func:`bit_hash`."""
+    return _per_tensor_fields([(position, 0, tensor)], chunk, uses_xxh3(cpu_hash), tensor.device)[0][0]
+
+
+def _per_tensor_fields(entries, chunk, xxh3, device):
+    """(int32 hashes, float32 [non-finite count, sum, sum of |values|] rows) of the entries, on ``device``.
+    Tensors hashed with XXH3 give Python numbers, made into tensors at once (one call, not one per tensor)."""
+    import torch
+
+    fast = [xxh3_fields(t, k) if xxh3 else None for k, _, t in entries]
+    if all(found is not None for found in fast):
+        hashes = torch.tensor([signed32(found[0]) for found in fast], dtype=torch.int32)
+        stats = torch.tensor([found[1:] for found in fast], dtype=torch.float32).reshape(len(fast), 3)
+        return hashes.to(device), stats.to(device)
+    hashes, stats = [], []
+    for found, (k, _, t) in zip(fast, entries):
+        if found is None:
+            hashes.append(bit_hash(t, k, chunk).to(device))
+            stats.append(torch.stack([v.to(device) for v in value_sums(t, chunk)]))
+        else:
+            hashes.append(torch.tensor(signed32(found[0]), dtype=torch.int32, device=device))
+            stats.append(torch.tensor(found[1:], dtype=torch.float32, device=device))
+    return torch.stack(hashes), torch.stack(stats)
+
+
 # --------------------------------------------------------------------------- structure hashes (host)
 def _hash32(text):
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:4], "little")
@@ -377,20 +541,20 @@ def _layout(slots):
     return exact, 2 * exact, 2 * exact + 2 * slots
 
 
-def _header(failed, step, count, digest, lanes):
+def _header(failed, step, count, digest, lanes, form=FORMAT):
     step = 0 if step is None else int(step)
-    return ([float(FORMAT), float(failed)] + list(_halves(step)) + [float(count)] + list(_halves(digest))
+    return ([float(form), float(failed)] + list(_halves(step)) + [float(count)] + list(_halves(digest))
             + [float(lanes)])
 
 
-def failed_vector(device=None, slots=SLOTS, step=None, lanes=1):
+def failed_vector(device=None, slots=SLOTS, step=None, lanes=1, cpu_hash=None):
     """The vector of a replica that could not fingerprint its parameters: it still joins the check, with
-    its header (the failure flag, its step) and every slot absent."""
+    its header (this process's format, the failure flag, its step) and every slot absent."""
     import torch
 
     exact, floats, _ = _layout(slots)
     v = torch.full((vector_length(slots),), ABSENT, dtype=torch.float32)
-    header = torch.tensor(_header(1, step, 0, 0, lanes), dtype=torch.float32)
+    header = torch.tensor(_header(1, step, 0, 0, lanes, form=vector_format(cpu_hash)), dtype=torch.float32)
     v[:len(HEADER)] = header
     v[exact:exact + len(HEADER)] = -header
     return v if device is None else v.to(device)
@@ -424,7 +588,8 @@ def _slot_fields(held, slots):
     return _slot_cache[(held, slots)]
 
 
-def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK, step=None, lanes=1):
+def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK, step=None, lanes=1,
+                 cpu_hash=None):
     """This replica's vector (float32, length :func:`vector_length`).
 
     ``entries``: the tensors this replica holds, as ``(position, slot, tensor)`` (position: the tensor's
@@ -433,8 +598,11 @@ def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK
     of every tensor in order (what the count and the structure digest cover; default: the held tensors'
     shapes and dtypes). Slots no entry goes to are absent: ``-inf`` in every copy of their fields, so the
     MAX all-reduce gives each slot's largest and smallest value over the replicas that hold it.
-    Built on ``device`` (default: the first tensor's, else CPU)."""
+    Built on ``device`` (default: the first tensor's, else CPU). ``cpu_hash``: how CPU tensors are hashed
+    (:func:`uses_xxh3`); tensors on other devices are hashed elementwise there."""
     import torch
+
+    xxh3 = uses_xxh3(cpu_hash)
 
     entries = [e if isinstance(e, tuple) else (k, k % slots, e) for k, e in enumerate(entries)]
     held = tuple((k, s) + describe(t) for k, s, t in entries)
@@ -443,14 +611,13 @@ def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK
     if device is None:
         device = entries[0][2].device if entries else torch.device("cpu")
     slot_host, present = _slot_fields(held, slots)
-    header = torch.tensor(_header(0, step, len(structures), structure_digest(structures), lanes),
-                          dtype=torch.float32)
+    header = torch.tensor(_header(0, step, len(structures), structure_digest(structures), lanes,
+                                  form=FORMAT_XXH3 if xxh3 else FORMAT), dtype=torch.float32)
     hashes = torch.zeros(slots, dtype=torch.int32, device=device)
     stats = torch.zeros(slots, 3, dtype=torch.float32, device=device)
     if entries:
         index = torch.tensor([s for _, s, _ in entries], dtype=torch.int64).to(device)
-        per_tensor = torch.stack([bit_hash(t, k, chunk).to(device) for k, _, t in entries])
-        per_stats = torch.stack([torch.stack([v.to(device) for v in value_sums(t, chunk)]) for _, _, t in entries])
+        per_tensor, per_stats = _per_tensor_fields(entries, chunk, xxh3, device)
         hashes.index_add_(0, index, per_tensor)
         stats.index_add_(0, index, per_stats)
     hi = torch.bitwise_right_shift(hashes, 16).bitwise_and_(0xFFFF).to(torch.float32)
