@@ -14,6 +14,9 @@ under ``tpu-closure-fix run``). Each scenario is a training loop or a few ``comp
 * ``modules``: the files ``tpu_closure_fix`` and ``_tpu_closure_fix_startup`` were loaded from (None: not
   loaded), ``seconds``: wall time since the interpreter reached this module.
 
+``fabric-ddp`` and ``trainer-ddp`` import the framework of a release-matrix target: tests/target/test_synccheck.py
+runs them with the target's folder on ``PYTHONPATH``.
+
 Module level imports only the standard library: the ``plain`` scenario is a script that imports neither a
 framework nor ``tpu_closure_fix`` (only the start-up hook may bring it in). Every other scenario imports
 ``tpu_closure_fix`` first, as a user's script would at its top.
@@ -652,7 +655,8 @@ def trainer_ddp(ctx):
         ctx.keep(report, "step-%d" % report.step)
 
 
-SCENARIOS = {"fabric-ddp": fabric_ddp, "trainer-ddp": trainer_ddp, "pipeline": pipeline, "zero": zero, "ddp-groups": ddp_groups, "fsdp2": fsdp2, "scale": scale,
+SCENARIOS = {"fabric-ddp": fabric_ddp, "trainer-ddp": trainer_ddp,
+             "pipeline": pipeline, "zero": zero, "ddp-groups": ddp_groups, "fsdp2": fsdp2, "scale": scale,
              "kinds": kinds, "gan": gan, "probe": probe, "probe-optimizer": probe_optimizer, "plain": plain,
              "seeded": seeded,
              "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,

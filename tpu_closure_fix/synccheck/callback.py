@@ -31,9 +31,9 @@ class SyncCheck(object):
     places are compared (``"auto"``, the default: ``"world"`` when the trainer's strategy is data parallel over
     every process -- DDP, XLA --, else decided at the first check; ``"world"``; a process group or a list of
     rank lists: see ``compare_replicas``). Reports name the LightningModule's class (``report.stream``).
-    ``reports`` keeps every check's SyncReport of the current ``fit``, ``last_report`` the latest. Instances are instances of the installed Lightning's
-    ``Callback`` (a subclass is made on first use for whichever of pytorch_lightning / lightning.pytorch
-    is imported).
+    ``reports`` keeps every check's SyncReport of the current ``fit``, ``last_report`` the latest. Instances
+    are instances of the installed Lightning's ``Callback`` (a subclass is made on first use for whichever of
+    pytorch_lightning / lightning.pytorch is imported).
     """
 
     def __new__(cls, *args, **kwargs):
