@@ -14,6 +14,9 @@ under ``tpu-closure-fix run``). Each scenario is a training loop or a few ``comp
 * ``modules``: the files ``tpu_closure_fix`` and ``_tpu_closure_fix_startup`` were loaded from (None: not
   loaded), ``seconds``: wall time since the interpreter reached this module.
 
+``fabric-ddp`` and ``trainer-ddp`` import the framework of a release-matrix target: tests/target/test_synccheck.py
+runs them with the target's folder on ``PYTHONPATH``.
+
 Module level imports only the standard library: the ``plain`` scenario is a script that imports neither a
 framework nor ``tpu_closure_fix`` (only the start-up hook may bring it in). Every other scenario imports
 ``tpu_closure_fix`` first, as a user's script would at its top.
@@ -54,6 +57,7 @@ def _show_ours():
 class Context(object):
     def __init__(self, args):
         self.rank, self.world, self.variant, self.kill = args.rank, args.world, args.variant, args.kill
+        self.port = args.port
         self.reports, self.result, self.barrier = [], {}, True
 
     def keep(self, report, case):
@@ -162,23 +166,24 @@ def plain(ctx):
 
 
 def seeded(ctx):
-    """(d) check_sync(every=5) on three correct loops, called with step 0 before the first step as documented:
-    models seeded by rank ("by-rank"), the same seed ("same"), the same seed with rank 1 perturbing a weight
-    after step 3 ("perturbed")."""
+    """(d) check_sync(every=5) on four correct loops, called with step 0 before the first step as documented:
+    models seeded by rank, declared replicas (``replicas="world"``, "by-rank") and not ("by-rank-auto"), the
+    same seed ("same"), the same seed with rank 1 perturbing a weight after step 3 ("perturbed")."""
     import torch
 
     from tpu_closure_fix import check_sync
 
-    for case, seed, steps in (("by-rank", ctx.rank, 5), ("same", 0, 5), ("perturbed", 0, 5)):
+    for case, seed, replicas in (("by-rank", ctx.rank, "world"), ("by-rank-auto", ctx.rank, "auto"),
+                                 ("same", 0, "auto"), ("perturbed", 0, "auto")):
         model = make_model(seed)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        ctx.keep(check_sync(model, 0, every=5), "%s@0" % case)
-        for step in range(1, steps + 1):
+        ctx.keep(check_sync(model, 0, every=5, replicas=replicas), "%s@0" % case)
+        for step in range(1, 6):
             train_step(model, optimizer, *batch(ctx.rank, step), reduce=True, world=ctx.world)
             if case == "perturbed" and step == 3 and ctx.rank == 1:
                 with torch.no_grad():
                     model[2].weight[0, 0] += 1e-3
-            report = check_sync(model, step, every=5)
+            report = check_sync(model, step, every=5, replicas=replicas)
             if report is not None:
                 ctx.keep(report, "%s@%d" % (case, step))
 
@@ -199,7 +204,8 @@ def dtensor(ctx):
     ctx.result["coordinate"] = list(mesh.get_coordinate())
     ctx.result["w_local"] = w.to_local().detach().reshape(-1).tolist()
     ctx.result["types"] = [type(w).__name__, type(b).__name__]
-    ctx.keep(compare_replicas({"w_local": w.to_local().detach().clone()}), "local-shards-as-plain")
+    plain_shard = {"w_local": w.to_local().detach().clone()}
+    ctx.keep(compare_replicas(plain_shard, replicas="world"), "local-shards-as-plain")
     ctx.keep(compare_replicas({"w": w, "b": b}), "dict")
     ctx.keep(compare_replicas([("w", w), ("b", b)]), "list")
     if ctx.rank == 2:  # dp replica 1 of tp shard 0
@@ -233,7 +239,7 @@ def neuron(ctx):
     named = {"shard": shard, "bias": bias}
     ctx.keep(compare_replicas(named), "tp")
     state.model_parallel_is_initialized = lambda: False  # no parallel state: compared over the whole world
-    ctx.keep(compare_replicas(named), "no-parallel-state")
+    ctx.keep(compare_replicas(named, replicas="world"), "no-parallel-state")
     state.model_parallel_is_initialized = lambda: True
     if ctx.rank == 3:  # dp replica 1 of tp rank 1
         shard[0, 0] += 1.0
@@ -251,7 +257,7 @@ def optimizer(ctx):
         with torch.no_grad():
             model[0].weight[0, 0] += 1e-3
     differing = torch.optim.SGD(model.parameters(), lr=0.1)
-    ctx.keep(compare_replicas(differing), "differing")
+    ctx.keep(compare_replicas(differing, replicas="world"), "differing")
     generator = (p for p in model.parameters())
     ctx.result["exhausted"] = len(list(generator))
     ctx.keep(compare_replicas(generator), "exhausted-generator")
@@ -311,10 +317,10 @@ def many(ctx):
 
     base = torch.randn(3000, 3, generator=torch.Generator().manual_seed(0))
     named = [("t%d" % k, base[k].clone()) for k in range(3000)]
-    ctx.keep(compare_replicas(named), "same")
+    ctx.keep(compare_replicas(named, replicas="world"), "same")
     if ctx.rank == 1:
         named[1234][1][1] += 1e-3
-    ctx.keep(compare_replicas(named), "one-differs")
+    ctx.keep(compare_replicas(named, replicas="world"), "one-differs")
 
 
 def killed(ctx):
@@ -382,7 +388,7 @@ def fsdp(ctx):
         ctx.result[case] = [[name, list(p.shape)] for name, p in model.named_parameters()]
         ctx.keep(compare_replicas(model), case)
         held = [p for p in model.parameters() if p.numel() > 0][0]
-        ctx.keep(compare_replicas({"local": held.detach().clone()}), case + "-as-plain")
+        ctx.keep(compare_replicas({"local": held.detach().clone()}, replicas="world"), case + "-as-plain")
         if ctx.rank == 2:
             with torch.no_grad():
                 held.view(-1)[0] += 1.0
@@ -461,12 +467,15 @@ def ddp_groups(ctx):
     """(o) DDP on the subgroups {0, 1} and {2, 3} (``process_group=``), each subgroup training on its own data:
     the subgroups differ by design, the ranks of one agree. Three steps (the zero-code check runs when armed),
     ``compare_replicas`` of the DDP module and of copies of its parameters (no DDP holds them: no evidence of
-    the subgroups), then rank 3 changes a weight."""
+    the subgroups), declared replicas over the world and not declared, then rank 3 changes a weight. Last, a
+    DDP module over the whole world and a bare model, each changed on rank 1 before its first check:
+    ``check_sync(..., on_divergence="raise")`` at step 0 (DDP is a declared layout; the bare model is not)."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from tpu_closure_fix import compare_replicas
+    from tpu_closure_fix import check_sync, compare_replicas
+    from tpu_closure_fix.synccheck import ReplicaDivergenceError
 
     subgroups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     model = DistributedDataParallel(make_model(0), process_group=subgroups[ctx.rank // 2])
@@ -474,11 +483,25 @@ def ddp_groups(ctx):
     for step in range(1, 4):
         train_step(model, optimizer, *batch(ctx.rank // 2, step), reduce=False, world=ctx.world)
     ctx.keep(compare_replicas(model), "agree")
-    ctx.keep(compare_replicas({n: p.detach().clone() for n, p in model.named_parameters()}), "copies")
+    copies = {n: p.detach().clone() for n, p in model.named_parameters()}
+    ctx.keep(compare_replicas(copies, replicas="world"), "copies")
+    ctx.keep(compare_replicas(copies), "copies-auto")
     if ctx.rank == 3:
         with torch.no_grad():
             model.module[2].weight[0, 0] += 1e-3
     ctx.keep(compare_replicas(model), "changed")
+    fresh = DistributedDataParallel(make_model(0))  # its constructor broadcast rank 0's parameters
+    bare = make_model(0)
+    if ctx.rank == 1:
+        with torch.no_grad():
+            fresh.module[0].bias[0] += 1.0
+            bare[0].bias[0] += 1.0
+    for case, started in (("ddp-started-different", fresh), ("bare-started-different", bare)):
+        try:
+            ctx.keep(check_sync(started, 0, on_divergence="raise"), case)
+        except ReplicaDivergenceError as exc:
+            ctx.keep(exc.report, case)
+            ctx.result[case + "-raised"] = True
 
 
 def fsdp2(ctx):
@@ -506,7 +529,7 @@ def scale(ctx):
     from tpu_closure_fix import compare_replicas
 
     named = [("t%d" % k, torch.full((2,), float(ctx.rank))) for k in range(20000)]
-    ctx.keep(compare_replicas(named), "all-differ")
+    ctx.keep(compare_replicas(named, replicas="world"), "all-differ")
 
 
 def kinds(ctx):
@@ -517,11 +540,11 @@ def kinds(ctx):
 
     dense = make_model(0)
     named = [("embedding.weight", torch.eye(4).to_sparse())] + list(dense.named_parameters())[:3]
-    ctx.keep(compare_replicas(named), "sparse-agree")
+    ctx.keep(compare_replicas(named, replicas="world"), "sparse-agree")
     if ctx.rank == 1:
         with torch.no_grad():
             dense[0].bias[0] += 1.0
-    ctx.keep(compare_replicas(named), "sparse-changed")
+    ctx.keep(compare_replicas(named, replicas="world"), "sparse-changed")
     ctx.keep(compare_replicas({"w": torch.zeros(3, device="meta")}), "meta")
 
 
@@ -548,7 +571,92 @@ def gan(ctx):
             train_step(module, optimizer, x[:, :4], y, reduce=reduce, world=ctx.world)
 
 
-SCENARIOS = {"pipeline": pipeline, "zero": zero, "ddp-groups": ddp_groups, "fsdp2": fsdp2, "scale": scale,
+def _one_node_per_rank(ctx):
+    """What Lightning's default cluster environment reads when each process is a node of one device (the
+    process group is already joined: Lightning leaves it as it is)."""
+    os.environ.update(LOCAL_RANK="0", NODE_RANK=str(ctx.rank), WORLD_SIZE=str(ctx.world), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(ctx.port))
+
+
+def _perturbed_on_rank_1(ctx, module):
+    import torch
+
+    if ctx.rank == 1:
+        with torch.no_grad():
+            next(iter(module.parameters())).view(-1)[0] += 1.0
+
+
+def fabric_ddp(ctx):
+    """(t) Fabric (the target's lightning_fabric) with its DDP strategy, one device per process: ``fabric.setup``
+    wraps the model in DistributedDataParallel (whose constructor broadcast rank 0's parameters); then rank 1
+    changes a weight before the first ``check_sync(model, 0, on_divergence="raise")``. ``--variant bare``: the
+    same model, not set up (no DDP around it: nothing declared)."""
+    import torch
+    from lightning_fabric import Fabric
+
+    from tpu_closure_fix import check_sync
+    from tpu_closure_fix.synccheck import ReplicaDivergenceError
+
+    _one_node_per_rank(ctx)
+    fabric = Fabric(accelerator="cpu", devices=1, num_nodes=ctx.world, strategy="ddp")
+    fabric.launch()
+    model = make_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if ctx.variant != "bare":
+        model, optimizer = fabric.setup(model, optimizer)
+    ctx.result["strategy"] = type(fabric.strategy).__name__
+    _perturbed_on_rank_1(ctx, model)
+    try:
+        ctx.keep(check_sync(model, 0, on_divergence="raise"), "step-0")
+    except ReplicaDivergenceError as exc:
+        ctx.keep(exc.report, "step-0")
+        ctx.result["raised"] = True
+
+
+def trainer_ddp(ctx):
+    """(u) The Lightning Trainer (the target's pytorch_lightning) with ``strategy="ddp"``, one device per process
+    and ``SyncCheck(on_divergence="raise")``; rank 1 changes a weight in ``on_fit_start`` (after the DDP wrapping,
+    before the callback's first check). ``--variant single``: one device, no DDP strategy (nothing declared)."""
+    import torch
+    import pytorch_lightning as pl
+
+    from tpu_closure_fix import SyncCheck
+    from tpu_closure_fix.synccheck import ReplicaDivergenceError
+
+    _one_node_per_rank(ctx)
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = make_model(0)
+
+        def on_fit_start(self):
+            _perturbed_on_rank_1(ctx, self)
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.mse_loss(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = [batch(ctx.rank, step) for step in range(1, 4)]
+    check = SyncCheck(every=1, on_divergence="raise")
+    ddp = ctx.variant != "single"
+    trainer = pl.Trainer(accelerator="cpu", devices=1, num_nodes=ctx.world if ddp else 1,
+                         strategy="ddp" if ddp else None, max_epochs=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[check],
+                         replace_sampler_ddp=False)
+    ctx.result["strategy"] = type(trainer.strategy).__name__
+    try:
+        trainer.fit(Module(), train_dataloaders=torch.utils.data.DataLoader(data, batch_size=None))
+    except ReplicaDivergenceError:
+        ctx.result["raised"] = True
+    for report in check.reports:
+        ctx.keep(report, "step-%d" % report.step)
+
+
+SCENARIOS = {"fabric-ddp": fabric_ddp, "trainer-ddp": trainer_ddp,
+             "pipeline": pipeline, "zero": zero, "ddp-groups": ddp_groups, "fsdp2": fsdp2, "scale": scale,
              "kinds": kinds, "gan": gan, "probe": probe, "probe-optimizer": probe_optimizer, "plain": plain,
              "seeded": seeded,
              "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,

@@ -243,7 +243,9 @@ def run_case(kind, twin, rank, world):
     build, _ = KINDS[kind]
     named = build(rank, world, twin)
     truth, truly_differing = oracle(named)
-    report = synccheck.compare_replicas(Model(named), step=1)
+    # every case is data-parallel replicas by construction: declared, so a difference at this first check is
+    # a divergence (with nothing declared it would be the first-check rule's note: test_synccheck_rules.py)
+    report = synccheck.compare_replicas(Model(named), step=1, replicas="world")
     return {"kind": kind, "twin": twin, "expected": expected(kind, twin), "oracle": truth,
             "oracle_differing": truly_differing,
             "outcome": getattr(report, "outcome", None), "diverged": None if report is None else report.diverged,

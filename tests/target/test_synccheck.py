@@ -14,6 +14,7 @@ after each step, at step 1 and every N steps.
   divergence exactly 0); no warning.
 * One device: nothing to compare, no check runs.
 """
+import os
 import subprocess
 import sys
 import warnings
@@ -21,7 +22,7 @@ import warnings
 import pytest
 from packaging.version import Version
 
-from conftest import REPLICAS, REPO, TARGET, TIMEOUT, child_env, defined_where
+from conftest import REPLICAS, REPO, TARGET, TIMEOUT, child_env, defined_where, target_dir
 from support import expectations, ranks
 
 EVERY = 2
@@ -187,3 +188,38 @@ def test_callback_is_a_lightning_callback_made_lazily():
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, universal_newlines=True, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stdout
+
+
+# --------------------------------------------------------------------------- the framework's DDP: a declared layout
+FRAMEWORK_DDP = {"pytorch-lightning==1.8.6": "trainer-ddp", "lightning-fabric==2.6.6": "fabric-ddp"}.get(TARGET)
+TWIN = {"trainer-ddp": "single", "fabric-ddp": "bare"}.get(FRAMEWORK_DDP)
+APART = "replicas that started different, or tensors that are not replicas by design"
+
+
+def run_framework_ddp(tmp_path, variant=""):
+    """Two pod ranks (tests/support/pod_scenarios.py) running the target's framework with its DDP strategy."""
+    path = os.pathsep.join([REPO, ranks.STARTUP, ranks.TESTS, target_dir()])
+    return ranks.run_ranks(FRAMEWORK_DDP, REPLICAS, tmp_path, env={"PYTHONPATH": path}, timeout=TIMEOUT,
+                           args=["--variant", variant] if variant else None)
+
+
+@defined_where(FRAMEWORK_DDP)
+def test_under_the_frameworks_ddp_replicas_that_started_different_are_raised_on_every_rank(tmp_path):
+    runs = run_framework_ddp(tmp_path)
+    ranks.assert_all_ok(runs)
+    for run in runs:
+        assert run.result["raised"] is True and run.result["strategy"] == "DDPStrategy", run.describe()
+        report = run.reports[0]
+        assert report["step"] == 0 and report["outcome"] == "differ" and report["started_different"], report
+        assert report["versions"] == [[0], [1]]
+
+
+@defined_where(FRAMEWORK_DDP)
+def test_twin_without_ddp_the_same_start_is_noted_once_never_raised(tmp_path):
+    runs = run_framework_ddp(tmp_path, TWIN)
+    ranks.assert_all_ok(runs)
+    for run in runs:
+        assert "raised" not in run.result, run.describe()
+        report = run.reports[0]
+        assert (report["step"], report["outcome"], report["rule"]) == (0, "unverified", "apart"), report
+    assert len(runs[0].messages) == 1 and APART in runs[0].messages[0] and runs[1].messages == []

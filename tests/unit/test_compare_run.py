@@ -128,8 +128,18 @@ def test_a_check_not_agreed_to_stands_down_naming_the_check_and_the_wait(timeout
     key = _key()
     with pytest.raises(comm.StoodDown) as info:
         compare.run(_model(), 1, compare.Stream(key), channel=Mirror(agree=False, timeout=timeout))
-    assert str(info.value) == ("not every rank reached this check (%s/0) within %ss: an optimizer stepped on some "
-                               "ranks only, ranks out of step, or a rank gone" % (key, said))
+    # the stream's key names the check to the ranks only: the user is told which check of the stream it was
+    assert str(info.value) == ("not every rank reached this check (check #0) within %ss: an optimizer stepped on "
+                               "some ranks only, ranks out of step, or a rank gone" % said)
+    assert key not in str(info.value)
+
+
+def test_a_check_of_an_object_with_no_history_that_stands_down_says_so():
+    stream = compare.Stream(_key())
+    stream.checks = -1  # what compare_replicas gives a list or a dict: nothing to remember it by
+    with pytest.raises(comm.StoodDown) as info:
+        compare.run(_model(), 1, stream, channel=Mirror(agree=False))
+    assert "(a check of an object with no history)" in str(info.value)
 
 
 def test_the_vector_carries_the_number_of_replica_groups(monkeypatch):

@@ -149,22 +149,58 @@ def test_check_sync_only_at_due_steps(monkeypatch):
     assert out == [[0, 1, 3, 6]] * 2
 
 
-def test_check_sync_on_differing_replicas_warns_from_rank_0_only(monkeypatch):
-    out, said = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1))
+NOT_REPLICAS = ("differ at the first check (step 1): replicas that started different, or tensors that are not "
+                "replicas by design")
+
+
+def test_check_sync_on_differing_declared_replicas_warns_from_rank_0_only(monkeypatch):
+    out, said = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1, replicas="world"))
     assert [r.outcome for r in out] == ["differ", "differ"]
     assert len(said[0]) == 1 and said[1] == []
     assert "0.weight" in said[0][0]
 
 
-def test_check_sync_raise_raises_on_every_rank(monkeypatch):
-    out, _ = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1, on_divergence="raise"))
+def test_twin_check_sync_on_a_bare_model_that_started_different_notes_it_once(monkeypatch):
+    """No layout declared (the default ``auto``): one warning-level note from rank 0, no divergence."""
+    out, said = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1))
+    assert [(r.outcome, r.rule, r.diverged) for r in out] == [("unverified", "apart", False)] * 2
+    assert len(said[0]) == 1 and NOT_REPLICAS in said[0][0] and said[1] == []
+
+
+def test_a_bare_model_apart_from_its_first_check_is_said_once_and_never_compared_again(monkeypatch):
+    runs = []
+    real = compare.run
+    monkeypatch.setattr(compare, "run", lambda *args, **kwargs: runs.append(1) or real(*args, **kwargs))
+
+    def body(rank):
+        net = _net(rank)
+        later = [check_sync(net, step, every=5) for step in (0, 1, 5)]
+        return later + [check_sync(net, 10, every=5, replicas="world")]  # declared now: compared, and differs
+
+    out, said = _on_threads(monkeypatch, 2, body)
+    assert [[r.outcome for r in reports] for reports in out] == [["unverified"] * 3 + ["differ"]] * 2
+    assert [r.step for r in out[0]] == [0, 1, 5, 10] and out[0][2].reason == out[0][0].reason
+    assert len(runs) == 2 * 2  # per rank: the first check and the declared one; no collective between
+    assert len(said[0]) == 2 and NOT_REPLICAS.replace("at the first check (step 1)", "before the first update") \
+        in said[0][0]
+
+
+def test_check_sync_raise_raises_on_every_rank_over_declared_replicas(monkeypatch):
+    out, _ = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1, on_divergence="raise",
+                                                                 replicas="world"))
     assert all(isinstance(r, ReplicaDivergenceError) for r in out)
     assert out[0].report.outcome == "differ"
 
 
+def test_twin_check_sync_raise_on_a_bare_model_that_started_different_never_raises(monkeypatch):
+    out, said = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1, on_divergence="raise"))
+    assert [r.outcome for r in out] == ["unverified", "unverified"] and len(said[0]) == 1
+
+
 def test_check_sync_callable_receives_the_report(monkeypatch):
     seen = [[], []]
-    out, said = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1, on_divergence=seen[rank].append))
+    out, said = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1, on_divergence=seen[rank].append,
+                                                                    replicas="world"))
     assert [s[0] for s in seen] == out and said == [[], []]
 
 
@@ -177,7 +213,8 @@ def test_check_sync_refuses_bad_options_before_anything(monkeypatch, kwargs):
 
 
 def test_a_plain_list_of_tensors_is_compared(monkeypatch):
-    out, _ = _on_threads(monkeypatch, 2, lambda rank: check_sync([torch.ones(2), torch.full((2,), float(rank))], 1))
+    out, _ = _on_threads(monkeypatch, 2, lambda rank: check_sync([torch.ones(2), torch.full((2,), float(rank))], 1,
+                                                                 replicas="world"))
     assert [r.outcome for r in out] == ["differ", "differ"]
     assert out[0].names == ["param0", "param1"]
     assert out[0].differing == [1]  # positions in ``names``: param1 only
@@ -229,18 +266,64 @@ def test_the_callback_compares_the_replicas_for_real(monkeypatch):
     assert said == [[], []]
 
 
-def test_the_callback_on_replicas_that_started_different(monkeypatch):
-    out, said = _on_threads(monkeypatch, 2, lambda rank: fit(_Probe(every=5), 1, _net(rank)).reports)
-    assert [r.outcome for r in out[0]] == ["differ", "differ"]
+class DDPStrategy(object):
+    """A stand-in for Lightning's DDP strategy: its class name and its world size, what the callback reads."""
+    world_size = 2
+
+
+class DeepSpeedStrategy(DDPStrategy):
+    """Lightning's DeepSpeed strategy derives from DDP's, yet shards what it holds."""
+
+
+class DDPPlugin(object):
+    """Lightning 1.5's training type plugin for DDP (``trainer.training_type_plugin``, no ``trainer.strategy``)."""
+    world_size = 2
+
+
+@pytest.mark.parametrize("declared", [{"replicas": "world"}, {"strategy": DDPStrategy()},
+                                      {"training_type_plugin": DDPPlugin()}],
+                         ids=["replicas-world", "ddp-strategy", "ddp-plugin"])
+def test_the_callback_on_declared_replicas_that_started_different(monkeypatch, declared):
+    declared = dict(declared)
+    replicas = declared.pop("replicas", "auto")
+    out, said = _on_threads(monkeypatch, 2, lambda rank: fit(_Probe(every=5, replicas=replicas), 1, _net(rank),
+                                                             **declared).reports)
+    assert [r.outcome for r in out[0]] == ["differ", "differ"] and out[0][0].started_different
     assert len(said[0]) == 2 and said[1] == []
+    assert "of Sequential" in said[0][0]  # the report names what the callback compared
+
+
+@pytest.mark.parametrize("strategy", [None, DeepSpeedStrategy()], ids=["no-strategy", "deepspeed"])
+def test_twin_the_callback_on_a_bare_model_that_started_different_notes_it_once(monkeypatch, strategy):
+    out, said = _on_threads(monkeypatch, 2, lambda rank: fit(_Probe(every=5), 1, _net(rank),
+                                                             strategy=strategy).reports)
+    assert [(r.outcome, r.rule) for r in out[0]] == [("unverified", "apart")]  # nothing left: no later check
+    assert len(said[0]) == 1 and said[1] == [] and "replicas that started different" in said[0][0]
 
 
 def test_the_callback_raise_option_raises_at_the_first_check(monkeypatch):
-    out, _ = _on_threads(monkeypatch, 2, lambda rank: fit(_Probe(on_divergence="raise"), 1, _net(rank)))
+    out, _ = _on_threads(monkeypatch, 2, lambda rank: fit(_Probe(on_divergence="raise"), 1, _net(rank),
+                                                          strategy=DDPStrategy()))
     assert all(isinstance(r, ReplicaDivergenceError) and r.report.step == 0 for r in out)
+
+
+def test_twin_the_callback_raise_option_on_a_bare_model_never_raises(monkeypatch):
+    out, _ = _on_threads(monkeypatch, 2, lambda rank: fit(_Probe(on_divergence="raise"), 1, _net(rank)).reports)
+    assert [[r.outcome for r in reports] for reports in out] == [["unverified"]] * 2
+
+
+def test_the_callback_stand_down_names_the_module_never_the_stream_key(monkeypatch):
+    said = []
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: ThreadChannel(ThreadWorld(2), 0, agree=False))
+    monkeypatch.setattr(report, "_say", lambda message, speak, stacklevel=3: said.append(message))
+    cb = fit(_Probe(every=5), 3, _net(0))
+    assert [r.outcome for r in cb.reports] == ["unverified"]  # then the callback stands down: no more checks
+    assert len(said) == 1 and "callback/" not in said[0], said
+    assert said[0].startswith("SyncCheck could not compare the replicas of Sequential at step 0: not every rank "
+                              "reached this check (check #0) within 5s")
 
 
 def test_the_callback_repr_and_pickle_arguments():
     cb = _Probe(every=7, tolerance=0.5, on_divergence="raise", check_at_end=False)
     assert repr(cb) == "SyncCheck(every=7, tolerance=0.5, on_divergence='raise')"
-    assert cb.__reduce__() == (callback.SyncCheck, (7, 0.5, "raise", False, "world"))
+    assert cb.__reduce__() == (callback.SyncCheck, (7, 0.5, "raise", False, "auto"))

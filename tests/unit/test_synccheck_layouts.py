@@ -21,8 +21,10 @@ needs_step_hooks = pytest.mark.skipif(
     not hasattr(importlib.import_module("torch.optim.optimizer"), "register_optimizer_step_post_hook"),
     reason="the zero-code SyncCheck needs torch >= 2.0 (its global step hooks); torch %s here" % torch.__version__)
 ARMED = {"TPU_CLOSURE_FIX_SYNC_CHECK": "1", "TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE": "raise"}
-NOT_REPLICAS = ("differ before the first update: replicas that started different, or tensors that are not "
+NOT_REPLICAS = ("before the first update: replicas that started different, or tensors that are not "
                 "replicas by design (pipeline stages, optimizer-state or parameter shards)")
+
+APART_AT_ANY_STEP = "replicas that started different, or tensors that are not replicas by design"
 
 
 def _by_case(run):
@@ -68,11 +70,34 @@ def ddp_groups(tmp_path_factory):
 def test_ddp_on_subgroups_is_compared_within_each_subgroup(ddp_groups):
     ranks.assert_all_ok(ddp_groups)
     for run in ddp_groups:
-        assert run.messages == []  # the zero-code check at steps 0 to 3: silent
         assert run.hook["checks"] == 4 and run.hook["last_report"]["outcome"] == "identical"
         assert _by_case(run)["agree"]["outcome"] == "identical"
-        copies = _by_case(run)["copies"]  # the twin: without the DDP module, the world, where they differ
+        copies = _by_case(run)["copies"]  # the twin: without the DDP module, declared the world: they differ
         assert copies["outcome"] == "differ" and copies["versions"] == [[0, 1], [2, 3]]
+        auto = _by_case(run)["copies-auto"]  # neither DDP nor a declaration: the first-check rule, never a divergence
+        assert (auto["outcome"], auto["rule"]) == ("unverified", "apart") and APART_AT_ANY_STEP in auto["message"]
+    # the zero-code check at steps 0 to 3: silent; check_sync notes the bare model once (compare_replicas only reports)
+    assert [len(run.messages) for run in ddp_groups] == [1, 0, 0, 0]
+    assert all(APART_AT_ANY_STEP in message for message in ddp_groups[0].messages)
+
+
+@MANY_RANKS
+@needs_step_hooks
+def test_ddp_is_a_declared_layout_started_different_is_raised(ddp_groups):
+    for run in ddp_groups:
+        report = _by_case(run)["ddp-started-different"]
+        assert report["outcome"] == "differ" and report["started_different"]
+        assert report["differing"] == ["module.0.bias"]
+        assert report["versions"] == [[0, 2, 3], [1]] and run.result["ddp-started-different-raised"]
+
+
+@MANY_RANKS
+@needs_step_hooks
+def test_twin_a_bare_model_that_started_different_is_noted_never_raised(ddp_groups):
+    for run in ddp_groups:
+        report = _by_case(run)["bare-started-different"]
+        assert (report["outcome"], report["rule"], report["diverged"]) == ("unverified", "apart", False)
+        assert "bare-started-different-raised" not in run.result
 
 
 @MANY_RANKS

@@ -261,3 +261,60 @@ def test_ddp_groups_finds_the_parameters_of_a_live_ddp_module(monkeypatch):
     other = torch.zeros(1)
     found = groups.ddp_groups([("w", ddp.module.weight), ("o", other)])
     assert found == {id(ddp.module.weight): (2, 3)}
+
+
+# ---- the replicas of xm.optimizer_step ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("declared, kind, size, xla_size, expected", [
+    (groups.AUTO, "xla", 2, 2, groups.WORLD),  # XLA without a process group: the check's world is torch_xla's
+    (groups.AUTO, "torch.distributed", 2, 2, groups.WORLD),  # torch_xla beside a process group of its size
+    (groups.AUTO, "torch.distributed", 4, 2, groups.AUTO),  # torch_xla's world is not the check's
+    (groups.AUTO, "torch.distributed", 2, 1, groups.AUTO),  # torch_xla not imported
+    (groups.AUTO, "torch.distributed", 1, 1, groups.AUTO),
+    (groups.AUTO, "threads", 2, None, groups.AUTO),
+    ((0, 1), "xla", 4, 4, (0, 1)),  # the user's declaration stands
+    (groups.WORLD, "torch.distributed", 2, 1, groups.WORLD),
+])
+def test_the_replicas_of_the_xla_step_are_a_declared_layout(declared, kind, size, xla_size, expected):
+    assert groups.step_replicas_declaration(declared, kind, size, xla_size) == expected
+
+
+# ---- the Lightning strategy ------------------------------------------------------------------------------------
+
+def strategy(name, world_size=2, bases=(object,)):
+    """A stand-in for a Lightning strategy object: its class (and bases) and its world size."""
+    return type(name, bases, {"world_size": world_size})()
+
+
+DDP = type("DDPStrategy", (object,), {})
+
+
+@pytest.mark.parametrize("obj", [strategy("DDPStrategy"), strategy("DDPSpawnStrategy"), strategy("XLAStrategy"),
+                                 strategy("TPUSpawnStrategy"), strategy("DDPPlugin"), strategy("TPUSpawnPlugin"),
+                                 strategy("MyDDP", bases=(DDP,))], ids=lambda o: type(o).__name__)
+def test_a_data_parallel_strategy_over_the_whole_world_declares_the_world(obj):
+    assert groups.strategy_declaration(obj, 2) == groups.WORLD
+
+
+@pytest.mark.parametrize("obj", [strategy("DeepSpeedStrategy", bases=(DDP,)), strategy("DDPShardedStrategy",
+                                 bases=(DDP,)), strategy("DDPFullyShardedStrategy", bases=(DDP,)),
+                                 strategy("FSDPStrategy"), strategy("ModelParallelStrategy"),
+                                 strategy("ColossalAIStrategy", bases=(DDP,)), strategy("BaguaStrategy", bases=(DDP,)),
+                                 strategy("SingleDeviceStrategy"), strategy("DataParallelStrategy"),
+                                 strategy("XLAFSDPStrategy")], ids=lambda o: type(o).__name__)
+def test_a_strategy_that_shards_or_splits_or_is_not_ddp_declares_nothing(obj):
+    assert groups.strategy_declaration(obj, 2) is None
+
+
+@pytest.mark.parametrize("world_size", [1, 4, None, "two"])
+def test_a_ddp_strategy_over_another_world_declares_nothing(world_size):
+    assert groups.strategy_declaration(strategy("DDPStrategy", world_size), 2) is None
+
+
+def test_a_strategy_whose_world_cannot_be_read_declares_nothing():
+    class DDPStrategy(object):
+        @property
+        def world_size(self):
+            raise RuntimeError("no cluster environment yet")
+
+    assert groups.strategy_declaration(DDPStrategy(), 2) is None

@@ -200,6 +200,18 @@ def test_replicas_seeded_by_rank_started_different(seeded):
         assert "started different" not in later["message"]
 
 
+def test_twin_replicas_seeded_by_rank_with_nothing_declared_are_noted_once_never_a_divergence(seeded):
+    for run in seeded:
+        cases = _by_case(run)
+        first = cases["by-rank-auto@0"]
+        assert (first["outcome"], first["rule"], first["diverged"]) == ("unverified", "apart", False)
+        assert "4 parameter tensors differ before the first update: replicas that started different" in \
+            first["reason"]
+        for step in (1, 5):  # nothing left to compare: the same answer, not said again
+            later = cases["by-rank-auto@%d" % step]
+            assert (later["outcome"], later["reason"]) == ("unverified", first["reason"])
+
+
 def test_replicas_with_the_same_seed_are_identical_at_step_1(seeded):
     for run in seeded:
         cases = _by_case(run)
@@ -217,8 +229,9 @@ def test_a_replica_perturbed_after_step_3_diverged_between_step_1_and_step_5(see
         assert report["first_check"] is False and report["identical_at"] == 1
         assert "between step 1 (identical) and step 5" in report["message"]
         assert "started different" not in report["message"]
-    # check_sync's one report per check: rank 0 warns (by-rank at 0, 1 and 5, perturbed at 5), rank 1 never
-    assert len(seeded[0].messages) == 4 and seeded[1].messages == []
+    # check_sync's one report per check: rank 0 warns (by-rank at 0, 1 and 5, perturbed at 5) and notes by-rank-auto
+    # once; rank 1 never
+    assert len(seeded[0].messages) == 5 and seeded[1].messages == []
 
 
 # --------------------------------------------------------------------------- (e) DTensor on a 2x2 mesh

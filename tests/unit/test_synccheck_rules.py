@@ -475,6 +475,19 @@ def test_a_callback_whose_peer_is_gone_stands_down_once(monkeypatch):
     assert len([w for w in seen if "did not complete" in str(w.message)]) == 1
 
 
+def test_a_silent_rank_saying_a_reason_first_never_silences_the_rank_that_speaks(monkeypatch):
+    """Replicas that are threads of one process share the set of reasons said: rank 1 (which only logs) may
+    reach it first; rank 0 must still warn."""
+    said = []
+    monkeypatch.setattr(report, "_warned_once", set())
+    monkeypatch.setattr(report, "_say", lambda message, speak, stacklevel=3: said.append(speak))
+    unverified = report.SyncReport(0, 2, "threads", [], outcome="unverified", reason="peer gone")
+    report.act(unverified, "warn", rank=1)
+    report.act(unverified, "warn", rank=0)
+    report.act(unverified, "warn", rank=0)  # once per reason for the speaker
+    assert said == [False, True]
+
+
 # --------------------------------------------------------------------------- the agreement (a real TCPStore)
 def _store_channels(size, timeout):
     from datetime import timedelta
@@ -542,6 +555,14 @@ def test_auto_a_difference_at_the_first_check_is_said_once_never_a_divergence():
     report.act(first[0], "raise", rank=0)  # never raised
     later, channels = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[1, 1])
     assert later[0].outcome == "unverified" and later[0].names == [] and channels[0].gathers == 0
+
+
+def test_auto_one_tensor_apart_is_said_in_the_singular():
+    def build(rank):
+        return [("w", torch.full((2,), float(rank))), ("b", torch.zeros(2))]
+
+    first, _ = on_ranks(2, build, streams=_streams(2, groups.AUTO), steps=[0, 0])
+    assert first[0].reason.startswith("1 parameter tensor differs before the first update: replicas that started")
 
 
 def test_auto_at_a_first_check_after_updates_says_so():
@@ -700,6 +721,16 @@ def test_on_xla_without_a_process_group_the_replicas_of_the_step_are_the_layout(
     assert layout.undecided == undecided
 
 
+@pytest.mark.parametrize("xla_size, undecided", [(2, set()), (4, {0}), (1, {0})])
+def test_torch_xla_beside_a_process_group_its_replicas_are_the_layout_when_they_are_the_world(
+        xla_size, undecided, monkeypatch):
+    monkeypatch.setattr(groups, "ddp_groups", lambda named: {})
+    monkeypatch.setattr(comm, "xla_world_size", lambda: xla_size)
+    channel = types.SimpleNamespace(kind="torch.distributed", rank=0, size=2)
+    layout = compare.Stream("s", groups.AUTO).layout([("w", torch.zeros(2))], channel)
+    assert layout.undecided == undecided
+
+
 @pytest.mark.parametrize("call", [lambda: compare.compare_replicas(model(), replicas="all"),
                                   lambda: compare.check_sync(model(), 3, replicas=[[0, 1], [1]])])
 def test_a_bad_declaration_is_refused_by_the_api_with_the_accepted_values(call):
@@ -710,4 +741,11 @@ def test_a_bad_declaration_is_refused_by_the_api_with_the_accepted_values(call):
 def test_the_api_hands_its_declaration_to_the_stream():
     tensors = torch.nn.Linear(2, 2)
     assert compare._stream_of(tensors, [[0, 1]]).replicas == [[0, 1]]
-    assert compare._stream_of(tensors).replicas == groups.WORLD
+    assert compare._stream_of(tensors).replicas == groups.AUTO  # the default: from evidence, never assumed
+
+
+@pytest.mark.parametrize("function", [compare.compare_replicas, compare.check_sync])
+def test_the_api_decides_from_evidence_by_default(function):
+    import inspect
+
+    assert inspect.signature(function).parameters["replicas"].default == groups.AUTO

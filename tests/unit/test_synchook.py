@@ -347,6 +347,22 @@ def test_a_stream_that_stood_down_is_not_checked_again_and_training_goes_on(monk
     assert synchook.armed_every() == 1
 
 
+def test_two_streams_standing_down_for_the_same_reason_are_each_named(monkeypatch):
+    """The reason ("check #0") is the same for both: each optimizer's stand-down is still said."""
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: Channel())
+
+    def stood_down(obj, n, stream, **kwargs):
+        raise comm.StoodDown("not every rank reached this check (check #0)")
+
+    monkeypatch.setattr(compare, "run", stood_down)
+    synchook.arm(1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        step(sgd())
+        step(sgd(3))
+    assert len(seen) == 2 and all("stands down" in str(w.message) for w in seen)
+
+
 def test_a_failure_in_the_check_warns_once_disarms_and_training_goes_on(verdict):
     def broken(n):
         raise RuntimeError("collective unavailable")

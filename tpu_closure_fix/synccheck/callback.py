@@ -28,11 +28,12 @@ class SyncCheck(object):
     is ``"warn"`` (rank 0 issues a TPUClosureFixWarning), ``"raise"`` (every rank raises
     ReplicaDivergenceError at the same check) or a callable receiving the SyncReport of a divergence;
     ``tolerance`` is recorded and decides nothing; ``replicas``: over which ranks the parameters that no layout
-    places are compared (``"world"``, the default; ``"auto"``; a process group or a list of rank lists: see
-    ``compare_replicas``). ``reports`` keeps every check's SyncReport of the
-    current ``fit``, ``last_report`` the latest. Instances are instances of the installed Lightning's
-    ``Callback`` (a subclass is made on first use for whichever of pytorch_lightning / lightning.pytorch
-    is imported).
+    places are compared (``"auto"``, the default: ``"world"`` when the trainer's strategy is data parallel over
+    every process -- DDP, XLA --, else decided at the first check; ``"world"``; a process group or a list of
+    rank lists: see ``compare_replicas``). Reports name the LightningModule's class (``report.stream``).
+    ``reports`` keeps every check's SyncReport of the current ``fit``, ``last_report`` the latest. Instances
+    are instances of the installed Lightning's ``Callback`` (a subclass is made on first use for whichever of
+    pytorch_lightning / lightning.pytorch is imported).
     """
 
     def __new__(cls, *args, **kwargs):
@@ -46,7 +47,7 @@ class SyncCheck(object):
         return super().__new__(sub)
 
     def __init__(self, every=DEFAULT_EVERY, tolerance=DEFAULT_TOLERANCE, on_divergence="warn", check_at_end=True,
-                 replicas=groups.WORLD):
+                 replicas=groups.AUTO):
         check_options(every, tolerance, on_divergence)
         groups.check_replicas(replicas)
         self.replicas = replicas
@@ -60,7 +61,7 @@ class SyncCheck(object):
     def _start(self):
         """A fresh history: at construction and at the start of every ``fit``."""
         self.reports = []
-        self._stream = Stream("callback/%d" % self._fits, getattr(self, "replicas", groups.WORLD))
+        self._stream = Stream("callback/%d" % self._fits, getattr(self, "replicas", groups.AUTO))
         self._last_bucket = 0
         self._last_checked_step = None
 
@@ -81,17 +82,29 @@ class SyncCheck(object):
         channel = comm.channel()
         if channel is None or self._stream.stood_down:
             return
+        self._stream.replicas = self._declaration(trainer, channel)
         try:
             report = run(pl_module, step, self._stream, tolerance=self.tolerance, channel=channel)
         except comm.StoodDown as exc:
             self._stream.stood_down = str(exc)
             report = SyncReport(step, channel.size, channel.kind, [], tolerance=self.tolerance,
                                 outcome="unverified", reason=str(exc))
+        report.stream = report.stream or _label(pl_module)
         if nothing_left(report):
             self._stream.stood_down = report.reason  # nothing left that a later check could compare
         self.reports.append(report)
         _log_metrics(trainer, report, step)
         act(report, self.on_divergence, rank=channel.rank, stacklevel=4)
+
+    def _declaration(self, trainer, channel):
+        """The user's ``replicas``; under ``"auto"``, ``"world"`` when the trainer's strategy is data parallel
+        over the check's whole world (DDP, XLA: read from the strategy object), else ``"auto"``."""
+        if self.replicas != groups.AUTO:
+            return self.replicas
+        strategy = _strategy(trainer)
+        if strategy is None:
+            return groups.AUTO
+        return groups.strategy_declaration(strategy, channel.size) or groups.AUTO
 
     def on_train_batch_end(self, trainer, pl_module, *args, **kwargs):
         step = int(trainer.global_step)
@@ -113,6 +126,19 @@ class SyncCheck(object):
     def __repr__(self):
         return "SyncCheck(every=%d, tolerance=%g, on_divergence=%r)" % (self.every, self.tolerance,
                                                                           self.on_divergence)
+
+
+def _strategy(trainer):
+    """The trainer's strategy object (Lightning 1.6+), or its training type plugin (1.5), or None."""
+    strategy = getattr(trainer, "strategy", None)
+    if strategy is None:
+        strategy = getattr(trainer, "training_type_plugin", None)
+    return strategy
+
+
+def _label(pl_module):
+    """What the callback compares, as the user knows it: the LightningModule's class."""
+    return type(pl_module).__name__ if pl_module is not None else None
 
 
 def _log_metrics(trainer, report, step):

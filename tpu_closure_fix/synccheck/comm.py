@@ -71,6 +71,11 @@ def _xla_world():
     return xm, int(size)
 
 
+def xla_world_size():
+    """How many replicas torch_xla's ``xm.optimizer_step`` reduces over here (1: torch_xla not imported)."""
+    return _xla_world()[1]
+
+
 def _xla_ordinal(xm):
     runtime = sys.modules.get("torch_xla.runtime")
     fn = getattr(runtime, "global_ordinal", None) or getattr(xm, "get_ordinal", None)

@@ -37,14 +37,17 @@ class Stream(object):
         self.identical_at = None
         self.different_since = None
         self.stood_down = None
+        #: the report that left nothing to compare under the first-check rule (``compare_replicas``), or None
+        self.apart = None
         self._ddp = None  # (ids of the listed tensors, their DDP groups): one search of the live objects
 
     def layout(self, named, channel):
         """The :class:`groups.Layout` of ``named`` for a check over ``channel``, from every piece of
         evidence: the tensors' own layouts, the DDP modules holding them, the declaration, the rule."""
         declared = groups.declaration(self.replicas, channel.rank)
-        if declared == groups.AUTO and channel.kind == "xla":  # xm.optimizer_step's replicas: data-parallel
-            declared = groups.WORLD
+        if declared == groups.AUTO:  # xm.optimizer_step's replicas: the data-parallel layout, when on XLA
+            declared = groups.step_replicas_declaration(declared, channel.kind, channel.size,
+                                                        comm.xla_world_size())
         ddp = {}
         if channel.kind == "torch.distributed":
             ids = tuple(id(t) for _, t in named)
@@ -124,9 +127,10 @@ def run(obj, step, stream, barrier=None, tolerance=DEFAULT_TOLERANCE, channel=No
         except Exception as exc:  # this replica still joins the check, flagged "could not fingerprint"
             error, vector = exc, fingerprint.failed_vector(step=step)
         if not channel.agree(barrier):
+            # the barrier's name is for the ranks; the caller names the stream as the user knows it
             raise comm.StoodDown("not every rank reached this check (%s) within %ss: an optimizer stepped on "
                                  "some ranks only, ranks out of step, or a rank gone"
-                                 % (barrier, getattr(channel, "timeout", "?")))
+                                 % (_check_number(stream), getattr(channel, "timeout", "?")))
         reduced = channel.all_reduce_max(vector)
         channel.forget(_previous.pop(stream.key, None))
         _previous[stream.key] = barrier
@@ -134,6 +138,11 @@ def run(obj, step, stream, barrier=None, tolerance=DEFAULT_TOLERANCE, channel=No
     if stream.checks >= 0:
         stream.record(report)
     return report
+
+
+def _check_number(stream):
+    """Which check of its stream this is, as the user can count it (``check #0``: the stream's first)."""
+    return "check #%d" % stream.checks if stream.checks >= 0 else "a check of an object with no history"
 
 
 _previous = {}  # stream key -> the barrier of its last check (its store keys are deleted at the next)
@@ -209,11 +218,11 @@ def _apart_reason(step, count):
     """What a difference at a stream's first check means when no data-parallel layout is declared."""
     when = ("before the first update" if step == 0 else "at the first check" if step is None
             else "at the first check (step %s)" % (step,))
-    return ("%d parameter tensor%s differ %s: replicas that started different, or tensors that are not replicas "
+    return ("%d parameter tensor%s %s: replicas that started different, or tensors that are not replicas "
             "by design (pipeline stages, optimizer-state or parameter shards); no data-parallel layout is declared, "
             "so they are not compared again (if they are replicas, declare it: replicas='world', or "
             "TPU_CLOSURE_FIX_SYNC_CHECK_GROUP=world for the zero-code check)"
-            % (count, "" if count == 1 else "s", when))
+            % (count, " differs" if count == 1 else "s differ", when))
 
 
 def _out_of_step(channel, step):
@@ -331,7 +340,7 @@ def _gathered_rows(channel, layout, pairs):
 _streams = {}
 
 
-def _stream_of(obj, replicas=groups.WORLD):
+def _stream_of(obj, replicas=groups.AUTO):
     """The history of checks of one object, kept while the object lives; an object that cannot be weakly
     referenced (a list, a dict) gets none: its reports claim no first check and no earlier identical step."""
     key = id(obj)
@@ -351,25 +360,40 @@ def _stream_of(obj, replicas=groups.WORLD):
 _api_checks = [0]
 
 
-def compare_replicas(model, step=None, tolerance=DEFAULT_TOLERANCE, replicas=groups.WORLD):
+def compare_replicas(model, step=None, tolerance=DEFAULT_TOLERANCE, replicas=groups.AUTO):
     """Run one comparison now (collective: every replica must call it, with or without parameters).
 
-    ``replicas``: over which ranks the tensors that no layout places (DTensor, FSDP, DDP, neuronx-distributed)
-    must be equal: ``"world"`` (the default: calling this says the model is replicated), ``"auto"`` (decide at
-    the first check: equal there -- the world from then on; different -- said once, not compared again), a
-    process group or a list of rank lists. Returns a :class:`SyncReport`, or None on a single device (nothing
-    to compare). A comparison that cannot complete (not every rank called, a peer gone) returns an
-    ``unverified`` report."""
+    ``replicas``: over which ranks the tensors that no layout places (DTensor, FSDP, DDP, neuronx-distributed,
+    the replicas of ``xm.optimizer_step`` on XLA) must be equal: ``"auto"`` (the default: decide at the
+    object's first check -- equal there, the world from then on; different, said once at warning level, never
+    a divergence, not compared again), ``"world"`` (the declaration that every rank holds the same model: a
+    difference at the first check is a divergence), a process group or a list of rank lists. An object with no
+    history (a list, a dict: not weakly referenceable) is decided afresh at every check. Returns a
+    :class:`SyncReport`, or None on a single device (nothing to compare). A comparison that cannot complete
+    (not every rank called, a peer gone) returns an ``unverified`` report."""
     groups.check_replicas(replicas)
     channel = comm.channel()
     if channel is None:
         return None
+    stream = _stream_of(model, replicas)
+    if stream.apart is not None and replicas == groups.AUTO:
+        return _still_apart(stream.apart, step, tolerance)
     _api_checks[0] += 1
     try:
-        return run(model, step, _stream_of(model, replicas), "api/%d" % _api_checks[0], tolerance, channel)
+        report = run(model, step, stream, "api/%d" % _api_checks[0], tolerance, channel)
     except comm.StoodDown as exc:
         return SyncReport(step, channel.size, channel.kind, [], tolerance=tolerance, outcome="unverified",
                           reason=str(exc))
+    if nothing_left(report) and stream.checks >= 0:
+        stream.apart = report  # every rank read the same vector: every rank skips the later checks alike
+    return report
+
+
+def _still_apart(first, step, tolerance):
+    """A later check of an object whose every tensor the first-check rule took out of the comparison: the
+    same answer, without a collective (every rank decided alike), so it is said once, not at every call."""
+    return SyncReport(step, first.world_size, first.backend, first.names, tolerance=tolerance,
+                      outcome="unverified", reason=first.reason, not_compared=first.not_compared, rule=first.rule)
 
 
 def check_options(every, tolerance, on_divergence):
@@ -388,7 +412,7 @@ def due(step, every):
 
 
 def check_sync(model, step, every=DEFAULT_EVERY, tolerance=DEFAULT_TOLERANCE, on_divergence="warn",
-               replicas=groups.WORLD):
+               replicas=groups.AUTO):
     """For Lite / Fabric / plain loops: call after each optimizer step with the 1-based step count (and, to
     tell "started different" from "diverged", once with step 0 before the first optimizer step).
 

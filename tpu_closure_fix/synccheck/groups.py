@@ -28,12 +28,14 @@ The rules, the same in the zero-code hook, the Lightning callback, ``check_sync`
    compared within each subgroup, never across them.
 5. The user's declaration (``replicas=`` of ``SyncCheck`` / ``check_sync`` / ``compare_replicas``,
    ``TPU_CLOSURE_FIX_SYNC_CHECK_GROUP`` for the zero-code check): ``"world"``, a process group or a list of
-   rank lists.
-6. Nothing declared (``"auto"``, a plain torch.distributed script): over the whole world, decided at the
-   stream's first check -- bitwise equal there: compared over the world from then on; different there: the
-   tensors are replicas that started different or not replicas at all (pipeline stages, optimizer-state or
-   parameter shards), said once and not compared again (``compare.decide``). On XLA without a process group
-   the replicas of ``xm.optimizer_step`` are the data-parallel layout: over the whole world.
+   rank lists. ``"auto"``, the default everywhere, declares nothing.
+6. The framework's data-parallel layout under ``"auto"``: the replicas of ``xm.optimizer_step`` when the
+   check's world is torch_xla's (:func:`step_replicas_declaration`), and in the Lightning callback a
+   data-parallel strategy over every process (:func:`strategy_declaration`): over the whole world.
+7. Nothing declared (``"auto"``, a plain torch.distributed script, a bare model): over the whole world,
+   decided at the stream's first check -- bitwise equal there: compared over the world from then on;
+   different there: the tensors are replicas that started different or not replicas at all (pipeline
+   stages, optimizer-state or parameter shards), said once and not compared again (``compare.decide``).
 
 A tensor whose replica group holds this rank alone (a DTensor with no ``Replicate`` dimension, as FSDP2's
 ``fully_shard`` makes, a group of one rank), a sparse tensor and a meta tensor are listed as not compared,
@@ -78,7 +80,7 @@ class Placement(object):
         self.coordinate = coordinate
         self.local = local
         self.description = description
-        #: False: over the world by default only, to be decided at the stream's first check (rule 6)
+        #: False: over the world by default only, to be decided at the stream's first check (rule 7)
         self.declared = declared
 
 
@@ -292,6 +294,43 @@ def declaration(replicas, rank):
     return next((tuple(sorted(g)) for g in replicas if rank in g), ())
 
 
+def step_replicas_declaration(declared, kind, size, xla_size):
+    """The declaration once the replicas of ``xm.optimizer_step`` are taken as the data-parallel layout:
+    ``"auto"`` becomes ``"world"`` on XLA without a process group (``kind == "xla"``: the check's world is
+    torch_xla's) and where torch_xla's world of ``xla_size`` replicas is the check's world of ``size``
+    ranks (torch_xla beside a process group); anything else is kept."""
+    if declared != AUTO:
+        return declared
+    if kind == "xla" or (xla_size is not None and xla_size > 1 and xla_size == size):
+        return WORLD
+    return declared
+
+
+#: Lightning strategies (and 1.5's training type plugins) under which every process holds the whole model
+#: and the gradients are reduced over all of them: DDP, DDP spawn, XLA / TPU spawn (DDP on HPU too).
+DATA_PARALLEL_STRATEGIES = ("DDPStrategy", "DDPSpawnStrategy", "XLAStrategy", "TPUSpawnStrategy",
+                            "HPUParallelStrategy", "DDPPlugin", "DDPSpawnPlugin", "TPUSpawnPlugin")
+#: Parts of the class names of strategies that shard parameters, split the model or average asynchronously,
+#: some of them subclasses of the above (DeepSpeed and the sharded ones derive from DDP's).
+NOT_DATA_PARALLEL = ("DeepSpeed", "Sharded", "FSDP", "ModelParallel", "ColossalAI", "Bagua", "Hivemind", "IPU")
+
+
+def strategy_declaration(strategy, size):
+    """``"world"`` when the Lightning ``strategy`` object is a data-parallel one over exactly the check's
+    ``size`` ranks (its class's MRO holds one of :data:`DATA_PARALLEL_STRATEGIES` and none of
+    :data:`NOT_DATA_PARALLEL`, and its ``world_size`` is ``size``), else None: no evidence."""
+    names = [cls.__name__ for cls in type(strategy).__mro__]
+    if not any(name in DATA_PARALLEL_STRATEGIES for name in names):
+        return None
+    if any(part.lower() in name.lower() for name in names for part in NOT_DATA_PARALLEL):
+        return None
+    try:
+        spans = int(getattr(strategy, "world_size")) == int(size)
+    except Exception:  # a strategy whose world cannot be read gives no evidence
+        return None
+    return WORLD if spans else None
+
+
 def ddp_groups(named):
     """``{id(tensor): ranks}`` for the tensors of ``named`` that a live ``DistributedDataParallel`` module
     holds: the ranks of its process group (one pass of ``gc.get_objects()``; nothing when DDP is not loaded)."""
@@ -325,7 +364,7 @@ class Layout(object):
     ``names``/``structures``: every tensor's name and description, in order (the same on every rank with
     the same model); ``spans[k]``: the first lane of tensor ``k``'s pattern and how many lanes it has;
     ``entries``: ``(position, slot, local tensor)`` of the tensors this rank holds; ``not_compared``:
-    ``(name, reason)``; ``undecided``: the positions compared over the world by default only (rule 6, at
+    ``(name, reason)``; ``undecided``: the positions compared over the world by default only (rule 7, at
     the stream's first check). ``declared``, ``rule``, ``ddp``: see :func:`placement`; ``world``: the world
     size (default: torch.distributed's, read only when a rule needs it). Lane ``l`` owns slots
     ``[l * width, (l + 1) * width)``; tensor ``k`` in lane ``l`` goes to slot ``l * width + k % width``.
@@ -348,7 +387,7 @@ class Layout(object):
                 self.not_compared.append((name, where))
             else:
                 found.append((name, where))
-        #: positions of the tensors compared over the world by default only (rule 6, undecided)
+        #: positions of the tensors compared over the world by default only (rule 7, undecided)
         self.undecided = frozenset(k for k, (_, where) in enumerate(found) if not where.declared)
         patterns = {}
         for _, where in found:

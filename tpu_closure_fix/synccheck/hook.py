@@ -309,10 +309,9 @@ def _check(optimizer, stream, step):
         stream.stood_down = str(exc)
         if exc.broken:
             disarm()
-        # the stream's key is for the ranks; the user knows the optimizer by its class and its parameters
-        said = str(exc).replace("(%s/" % stream.key, "(check #")
-        _warn_once(("stood down", str(exc)), "tpu-closure-fix: the zero-code sync check stands down for %s "
-                   "at step %d: %s. Training goes on." % (_label(optimizer, stream), step, said),
+        # the user knows the optimizer by its class and its parameters (never by the stream's key)
+        _warn_once(("stood down", stream.key, str(exc)), "tpu-closure-fix: the zero-code sync check stands down "
+                   "for %s at step %d: %s. Training goes on." % (_label(optimizer, stream), step, exc),
                    stacklevel=_user_stacklevel())
         return
     if report.outcome == "out_of_step":

@@ -249,10 +249,13 @@ def act(report, on_divergence, rank=0, stacklevel=3):
     if report is None or report.outcome == "identical":
         return
     if report.outcome in ("unverified", "out_of_step"):
-        key = (report.outcome, report.reason, report._not_compared_note())
+        speaker = bool(rank == 0 or report.local_error)
+        # once per reason and per speaker: replicas that are threads of one process (PJRT on TPU v2/v3) share
+        # this set, and a silent rank saying it first must not silence the rank that speaks
+        key = (report.outcome, report.reason, report._not_compared_note(), speaker)
         if key not in _warned_once:
             _warned_once.add(key)
-            _say(report.message(), rank == 0 or report.local_error, stacklevel)
+            _say(report.message(), speaker, stacklevel)
         return
     if report.outcome == "nonfinite":
         _say(report.message(), rank == 0, stacklevel)
