@@ -54,6 +54,7 @@ def _show_ours():
 class Context(object):
     def __init__(self, args):
         self.rank, self.world, self.variant, self.kill = args.rank, args.world, args.variant, args.kill
+        self.steps, self.drain = args.steps, args.drain
         self.reports, self.result, self.barrier = [], {}, True
 
     def keep(self, report, case):
@@ -118,11 +119,11 @@ def probe(ctx):
 
     model = make_model(0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(1, 13):
+    for step in range(1, ctx.steps + 1):
         train_step(model, optimizer, *batch(ctx.rank, step), reduce=ctx.variant != "noreduce", world=ctx.world)
         if step == 1 and ctx.rank == 0:
             ctx.result["probed"] = importlib.util.find_spec("accelerate") is not None
-    ctx.result["steps"] = 12
+    ctx.result["steps"] = ctx.steps
 
 
 def probe_optimizer(ctx):
@@ -134,13 +135,15 @@ def probe_optimizer(ctx):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     probe_model = torch.nn.Linear(4, 1)
     probe_optimizer = torch.optim.SGD(probe_model.parameters(), lr=0.1)
-    for step in range(1, 13):
+    for step in range(1, ctx.steps + 1):
         x, y = batch(ctx.rank, step)
         train_step(model, optimizer, x, y, reduce=True, world=ctx.world)
         if ctx.rank == 0:
             probe_optimizer.zero_grad()
             probe_model(model(x).detach()).pow(2).mean().backward()
             probe_optimizer.step()
+        ctx.result["steps"] = step
+    ctx.result["drained_in_loop"] = _drain(ctx.drain)  # the checks are answered off the training thread
     ctx.result["main_stream"] = hook._counts[id(optimizer)][0].key
     ctx.result["main_checks"] = hook._counts[id(optimizer)][0].checks
     if ctx.rank == 0:
@@ -299,6 +302,7 @@ def lbfgs(ctx):
     for step in range(1, 11):
         train_step(model, sgd, *batch(ctx.rank, 10 + step), reduce=ctx.variant == "reduce", world=ctx.world)
     hook = sys.modules["tpu_closure_fix.synccheck.hook"]
+    _drain(60)  # the checks are answered off the training thread
     ctx.result["lbfgs_checks"] = hook._counts[id(lbfgs_optimizer)][0].checks
     ctx.result["sgd_checks"] = hook._counts[id(sgd)][0].checks
 
@@ -390,6 +394,7 @@ def fsdp(ctx):
         ctx.keep(compare_replicas(model), case + "-changed")
         ctx.result[case + "-changed"] = [name for name, p in model.named_parameters() if p is held]
         hook = sys.modules.get("tpu_closure_fix.synccheck.hook")
+        _drain(60)  # the checks are answered off the training thread
         if hook is not None and id(optimizer) in hook._counts:  # gone with the optimizer: read it now
             stream, steps = hook._counts[id(optimizer)]
             ctx.result[case + "-stream"] = {"checks": stream.checks, "steps": steps[0],
@@ -399,6 +404,13 @@ def fsdp(ctx):
 SCENARIOS = {"probe": probe, "probe-optimizer": probe_optimizer, "plain": plain, "seeded": seeded,
              "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,
              "killed": killed, "four": four, "fsdp": fsdp}
+
+
+def _drain(seconds):
+    """Wait at most ``seconds`` for the zero-code check's worker to answer every check handed to it: what
+    the result says about the checks is then final. True when nothing is left (or no worker runs)."""
+    worker = sys.modules.get("tpu_closure_fix.synccheck.worker")
+    return True if worker is None else worker.drain(seconds)
 
 
 def _module_file(name):
@@ -414,6 +426,10 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("--variant", default="")
     parser.add_argument("--kill", action="store_true")
+    parser.add_argument("--steps", type=int, default=12, help="optimizer steps of the loops that take a count")
+    parser.add_argument("--drain", type=float, default=60.0,
+                        help="seconds to wait at the end for the checks still being exchanged")
+    parser.add_argument("--pg-timeout", type=float, default=60.0, help="the process group's timeout (seconds)")
     args = parser.parse_args(argv)
     _record_warnings()
     if args.scenario != "plain":
@@ -424,7 +440,7 @@ def main(argv=None):
     from support import ranks
 
     torch.set_num_threads(1)
-    ranks.join_gloo(args.rank, args.world, args.port, timeout=60)
+    ranks.join_gloo(args.rank, args.world, args.port, timeout=args.pg_timeout)
     _show_ours()
     ctx = Context(args)
     error = None
@@ -432,6 +448,8 @@ def main(argv=None):
         SCENARIOS[args.scenario](ctx)
     except Exception as exc:
         error = "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+    ctx.result["trained_seconds"] = round(time.monotonic() - T0, 3)
+    ctx.result["drained"] = _drain(args.drain)
     payload = {"rank": args.rank, "world": args.world, "scenario": args.scenario, "variant": args.variant,
                "warnings": SEEN, "reports": ctx.reports, "hook": hook_state(), "error": error, "result": ctx.result,
                "modules": {"tpu_closure_fix": _module_file("tpu_closure_fix"),

@@ -8,6 +8,7 @@ Every "right" case has its twin that shows the failure; the scenarios are in
 tests/support/pod_scenarios.py, started by tests/support/ranks.py (one thread each, a hard timeout).
 """
 import os
+import re
 import sys
 
 import pytest
@@ -33,7 +34,7 @@ SYNC = "TPU_CLOSURE_FIX_SYNC_CHECK"
 TIMEOUT_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT"
 DIVERGED = "data-parallel replicas hold different parameters"
 STANDS_DOWN = "the zero-code sync check stands down for"
-NOT_REACHED = "not every rank reached this check"
+REACHED_BY_0 = "rank 0 reached it, rank 1 did not"
 
 
 def _ok(runs):
@@ -102,15 +103,22 @@ def test_a_probe_on_rank_0_twin_without_the_gradient_all_reduce_warns_on_rank_0(
 
 
 @needs_step_hooks
-def test_raise_stops_every_rank_at_the_same_check(tmp_path):
-    env = {SYNC: "5", SYNC + "_ON_DIVERGENCE": "raise"}
-    runs = ranks.run_ranks("probe", 2, tmp_path, env=env, args=["--variant", "noreduce"])
+def test_raise_stops_every_rank_at_the_same_optimizer_step(tmp_path):
+    """The verdict of the check at step 1 comes from the worker; every rank raises at the step they agreed."""
+    env = {SYNC: "50", SYNC + "_ON_DIVERGENCE": "raise"}
+    runs = ranks.run_ranks("probe", 2, tmp_path, env=env, args=["--variant", "noreduce", "--steps", "5000"])
+    raised_at = []
     for run in runs:
         assert run.returncode == 3 and not run.timed_out, run.describe()
         assert run.failure.startswith("ReplicaDivergenceError: SyncCheck: data-parallel replicas hold different "
                                       "parameters between the start (identical before the first optimizer step) "
                                       "and step 1"), run.failure
-        assert run.hook["checks"] == 2 and "steps" not in run.result
+        assert "steps" not in run.result  # the loop did not run to its end
+        raised_at.append(re.search(r"Raised at optimizer step (\d+),", run.failure).group(1))
+    assert raised_at[0] == raised_at[1], raised_at
+    said = [m for m in runs[0].messages if "Every rank raises ReplicaDivergenceError at its optimizer step %s."
+            % raised_at[0] in m]
+    assert len(said) == 1 and runs[1].messages == [], runs[0].messages
 
 
 @needs_step_hooks
@@ -131,9 +139,9 @@ def test_an_optimizer_stepped_on_rank_0_only_stands_down_once_and_the_main_check
     assert probe != main and one.result["main_stream"] == main
     assert len(zero.messages) == 1, zero.messages
     message = zero.messages[0]
-    assert message.startswith("tpu-closure-fix: %s %s at step 0: " % (STANDS_DOWN, probe)), message
-    assert NOT_REACHED in message and "within 3s" in message
-    assert zero.result["probe_stood_down"].startswith(NOT_REACHED)
+    assert message.startswith("tpu-closure-fix: %s torch.optim.sgd.SGD %s at step 0: " % (STANDS_DOWN, probe)), message
+    assert REACHED_BY_0 + " within 3s" in message
+    assert zero.result["probe_stood_down"].startswith(REACHED_BY_0)
     assert one.messages == []
     assert zero.result["main_checks"] == one.result["main_checks"] == 4
     assert zero.hook["checks"] == one.hook["checks"] == 4
@@ -410,8 +418,7 @@ def test_a_rank_killed_before_a_check_never_hangs_its_peer(tmp_path):
     assert zero.returncode == 3, zero.describe()  # the scenario ended with the training's own gloo error
     assert zero.messages and len(zero.messages) == 1, zero.messages
     message = zero.messages[0]
-    assert STANDS_DOWN in message and "at step 5" in message and NOT_REACHED in message, message
-    assert "within 5s" in message
+    assert STANDS_DOWN in message and "at step 5: " + REACHED_BY_0 + " within 5s" in message, message
     assert zero.hook["checks"] == 2  # before step 1 and after step 1
     assert zero.result["step"] == 6  # the next step's gradient all-reduce found the peer gone
     assert zero.failure.startswith("RuntimeError: ") and "peer" in zero.failure, zero.failure

@@ -28,6 +28,27 @@ KEY_PREFIX = "tpu_closure_fix/synccheck/"
 _groups = {}  # id(default process group) -> the check's own gloo group
 
 
+def release_groups():
+    """Destroy the check's own gloo group (best effort) and forget it: the job is ending its process group."""
+    dist = sys.modules.get("torch.distributed")
+    groups, _ = list(_groups.values()), _groups.clear()
+    for group in groups:
+        try:
+            destroy = getattr(dist.destroy_process_group, "__wrapped__", dist.destroy_process_group)
+            destroy(group)
+        except Exception:
+            pass
+
+
+def default_group_id():
+    """An identity of the job's default process group now (None: none), to tell a new group from the old."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return id(dist.distributed_c10d._get_default_group())
+    except Exception:
+        return None
+
+
 class StoodDown(RuntimeError):
     """A check that could not complete; ``broken``: the channel can carry no further check."""
 

@@ -424,7 +424,7 @@ def _slot_fields(held, slots):
     return _slot_cache[(held, slots)]
 
 
-def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK, step=None, lanes=1):
+def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK, step=None, lanes=1, details=None):
     """This replica's vector (float32, length :func:`vector_length`).
 
     ``entries``: the tensors this replica holds, as ``(position, slot, tensor)`` (position: the tensor's
@@ -433,7 +433,8 @@ def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK
     of every tensor in order (what the count and the structure digest cover; default: the held tensors'
     shapes and dtypes). Slots no entry goes to are absent: ``-inf`` in every copy of their fields, so the
     MAX all-reduce gives each slot's largest and smallest value over the replicas that hold it.
-    Built on ``device`` (default: the first tensor's, else CPU)."""
+    Built on ``device`` (default: the first tensor's, else CPU). ``details``: a dict that receives each entry's
+    own bit hash (``hashes``) and value sums (``stats``), in entry order, computed by the same pass."""
     import torch
 
     entries = [e if isinstance(e, tuple) else (k, k % slots, e) for k, e in enumerate(entries)]
@@ -451,6 +452,8 @@ def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK
         index = torch.tensor([s for _, s, _ in entries], dtype=torch.int64).to(device)
         per_tensor = torch.stack([bit_hash(t, k, chunk).to(device) for k, _, t in entries])
         per_stats = torch.stack([torch.stack([v.to(device) for v in value_sums(t, chunk)]) for _, _, t in entries])
+        if details is not None:
+            details["hashes"], details["stats"] = per_tensor, per_stats
         hashes.index_add_(0, index, per_tensor)
         stats.index_add_(0, index, per_stats)
     hi = torch.bitwise_right_shift(hashes, 16).bitwise_and_(0xFFFF).to(torch.float32)

@@ -233,6 +233,7 @@ def _count_and_check(optimizer):
     stream, steps = _entry(optimizer)
     steps[0] += 1
     step = steps[0]
+    _raise_if_due(stream, step)
     if (step == 1 or step % _armed["every"] == 0) and stream.stood_down is None:
         _check(optimizer, stream, step)
 
@@ -271,6 +272,9 @@ def _check(optimizer, stream, step):
     channel = comm.channel()
     if channel is None:  # one process, or world size 1: nothing to compare, nothing entered
         return
+    if isinstance(channel, comm.DistributedChannel):
+        _check_off_thread(optimizer, stream, step, channel)
+        return
     try:
         report = compare.run(optimizer, step, stream, channel=channel)
     except comm.StoodDown as exc:
@@ -280,13 +284,122 @@ def _check(optimizer, stream, step):
         _warn_once(("stood down", str(exc)), "tpu-closure-fix: the zero-code sync check stands down for %s "
                    "at step %d: %s. Training goes on." % (stream.key, step, exc), stacklevel=_user_stacklevel())
         return
-    if report.outcome == "out_of_step":
+    _delivered(report, optimizer, channel.rank, where=_user_location())
+
+
+def _delivered(report, optimizer, rank, where, stream=None):
+    """What a check's report does once known: the history, the names by module path, the words or the raise."""
+    stream = stream or _stream_of(optimizer)
+    if report.outcome == "out_of_step" and stream is not None:
         stream.stood_down = report.reason
-    if report.diverged or report.nonfinite:
+    if (report.diverged or report.nonfinite) and optimizer is not None:
         _name_by_module(report, optimizer)
     seen["checks"] += 1
     seen["last_report"] = report
-    reports.act(report, _armed["action"], rank=channel.rank, stacklevel=_user_stacklevel())
+    reports.act(report, _armed["action"], rank=rank, where=where)
+
+
+def _stream_of(optimizer):
+    entry = _counts.get(id(optimizer)) if optimizer is not None else None
+    return entry[0] if entry is not None else None
+
+
+def _check_off_thread(optimizer, stream, step, channel):
+    """Fingerprint now, on the training thread; the worker agrees, exchanges, decides and reports (see
+    :mod:`.worker`): this rank never waits here for another."""
+    from . import worker
+
+    if worker.stale(comm.default_group_id()):
+        worker.release()
+    pending = compare.prepare(optimizer, step, stream, channel=channel)
+    if getattr(stream, "module_paths", None) is None:
+        stream.module_paths = _module_paths(optimizer)
+    where = _user_location()
+    name = _optimizer_name(optimizer, stream)
+    steps = _counts[id(optimizer)][1]
+
+    def deliver(report, raise_at):
+        try:
+            _deliver(report, raise_at)
+        except Exception as exc:  # e.g. warnings turned into errors: the training thread raises it, not the worker
+            stream.raise_at, stream.raising = 0, exc
+
+    def _deliver(report, raise_at):
+        if report.diverged or report.nonfinite:
+            _rename(report, stream.module_paths)
+        if getattr(stream, "raising", None) is not None:
+            return  # the first divergence to raise stands (every rank agreed on its step); later ones add nothing
+        if raise_at is not None:
+            stream.raise_at, stream.raising = raise_at, ReplicaDivergenceError(
+                "%s Raised at optimizer step %d, the step every rank agreed on." % (report.message(), raise_at),
+                report)
+            seen["checks"] += 1
+            seen["last_report"] = report
+            if channel.rank == 0:  # said now: the training may end before that step
+                reports.say_at("%s Every rank raises ReplicaDivergenceError at its optimizer step %d."
+                               % (report.message(), raise_at), where)
+            return
+        _delivered(report, None, channel.rank, where=where, stream=stream)
+
+    def stand_down(exc):
+        try:
+            _stand_down(exc)
+        except Exception as error:  # e.g. warnings turned into errors: raised on the training thread
+            stream.raise_at, stream.raising = 0, error
+
+    def _stand_down(exc):
+        if stream.stood_down is not None:
+            return  # one message per stream: its later checks fall with the first
+        stream.stood_down = str(exc)
+        if exc.broken:
+            disarm()
+        message = ("tpu-closure-fix: the zero-code sync check stands down for %s at step %d: %s. "
+                   "Training goes on." % (name, step, exc))
+        _say_once(("stood down", str(exc) if exc.broken else stream.key), message, where)
+
+    job = worker.Job(pending, deliver, stand_down, current_step=lambda: steps[0],
+                     raising=_armed["action"] == "raise", group=comm.default_group_id())
+    if not worker.submit(job):
+        stream.stood_down = "the sync check's worker is behind"
+        _say_once(("behind", stream.key), "tpu-closure-fix: the zero-code sync check stands down for %s at step "
+                  "%d: %d checks are still being exchanged (every %d steps is more often than the ranks can "
+                  "exchange them); set %s higher. Training goes on."
+                  % (name, step, worker.MAX_PENDING, _armed["every"], SYNC_CHECK_VAR), where)
+
+
+def _raise_if_due(stream, step):
+    """On the training thread: raise the divergence the worker found, at the optimizer step the ranks agreed."""
+    from . import worker
+
+    error = getattr(stream, "raising", None)
+    if error is not None and worker.due_to_raise(step, stream.raise_at):
+        stream.raising = None
+        stream.stood_down = "raised"
+        raise error
+
+
+def _optimizer_name(optimizer, stream):
+    """The optimizer as a user knows it: its class, and the stream's name (its parameters)."""
+    named = getattr(stream, "name", None)
+    return named or "%s.%s %s" % (type(optimizer).__module__, type(optimizer).__qualname__, stream.key)
+
+
+def _say_once(key, message, where):
+    if key in _warned:
+        return
+    _warned.add(key)
+    reports.say_at(message, where)
+
+
+def _module_paths(optimizer):
+    """``{param_groups name: module path}`` of the optimizer's parameters, found once per optimizer on the
+    training thread at its first check (the model is alive then; its report may come after it is gone)."""
+    from .report import SyncReport
+
+    probe = SyncReport(None, 1, "", [name for name, _ in _listed(optimizer)], outcome="unverified")
+    old = list(probe.names)
+    _name_by_module(probe, optimizer)
+    return dict(zip(old, probe.names))
 
 
 def _name_by_module(report, optimizer):
@@ -312,6 +425,11 @@ def _name_by_module(report, optimizer):
             if id(p) in wanted and (id(p) not in found or len(named) > found[id(p)][1]):
                 found[id(p)] = (name, len(named))
     by_old = {wanted[i]: found[i][0] for i in found}
+    _rename(report, by_old)
+
+
+def _rename(report, by_old):
+    """Replace the report's ``param_groups[g][i]`` names by the module paths of ``by_old``."""
     paths = [by_old.get(n, n) for n in report.names]
     taken = {}
     for path in paths:
@@ -332,6 +450,18 @@ def _user_stacklevel():
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(prefixes):
         frame, level = frame.f_back, level + 1
     return level if frame is not None else 2
+
+
+def _user_location():
+    """``(filename, lineno, module, globals)`` of the first frame outside torch, the frameworks and this
+    package on the training thread now: where a warning issued later by the worker points."""
+    prefixes = tuple(_library_dirs())
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(prefixes):
+        frame = frame.f_back
+    if frame is None:
+        frame = sys._getframe(1)
+    return frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", "__main__"), frame.f_globals
 
 
 def _library_dirs():
