@@ -130,11 +130,11 @@ def probe_optimizer(ctx):
     """(b) A correct loop; rank 0 also trains a probe model with an optimizer of its own every step."""
     import torch
 
-    hook = sys.modules["tpu_closure_fix.synccheck.hook"]
     model = make_model(0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     probe_model = torch.nn.Linear(4, 1)
     probe_optimizer = torch.optim.SGD(probe_model.parameters(), lr=0.1)
+    ctx.result["loop_start_seconds"] = round(time.monotonic() - T0, 3)
     for step in range(1, ctx.steps + 1):
         x, y = batch(ctx.rank, step)
         train_step(model, optimizer, x, y, reduce=True, world=ctx.world)
@@ -143,12 +143,17 @@ def probe_optimizer(ctx):
             probe_model(model(x).detach()).pow(2).mean().backward()
             probe_optimizer.step()
         ctx.result["steps"] = step
+    ctx.result["loop_end_seconds"] = round(time.monotonic() - T0, 3)  # from the interpreter's start
     ctx.result["drained_in_loop"] = _drain(ctx.drain)  # the checks are answered off the training thread
-    ctx.result["main_stream"] = hook._counts[id(optimizer)][0].key
-    ctx.result["main_checks"] = hook._counts[id(optimizer)][0].checks
+    hook = sys.modules.get("tpu_closure_fix.synccheck.hook")
+    counts = hook._counts if hook is not None else {}
+    if id(optimizer) not in counts:
+        return  # the check is off in this run
+    ctx.result["main_stream"] = counts[id(optimizer)][0].key
+    ctx.result["main_checks"] = counts[id(optimizer)][0].checks
     if ctx.rank == 0:
-        ctx.result["probe_stream"] = hook._counts[id(probe_optimizer)][0].key
-        ctx.result["probe_stood_down"] = hook._counts[id(probe_optimizer)][0].stood_down
+        ctx.result["probe_stream"] = counts[id(probe_optimizer)][0].key
+        ctx.result["probe_stood_down"] = counts[id(probe_optimizer)][0].stood_down
 
 
 def plain(ctx):
@@ -401,7 +406,57 @@ def fsdp(ctx):
                                             "stood_down": stream.stood_down}
 
 
-SCENARIOS = {"probe": probe, "probe-optimizer": probe_optimizer, "plain": plain, "seeded": seeded,
+def _rss_kib():
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+
+
+def _threads():
+    import threading
+
+    return sorted(t.name for t in threading.enumerate() if t.is_alive())
+
+
+def endurance(ctx):
+    """(m) A tiny correct model for ``--steps`` steps (the check armed at every step by the test): resident
+    memory after a tenth of the steps and at the end; then a forked child reports whether it has the check's
+    worker; then the job destroys its process group, which releases the worker and the check's group."""
+    import torch
+    import torch.distributed as dist
+
+    from tpu_closure_fix.synccheck import comm, worker
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.ones(4, 2), torch.zeros(4, 1)
+    for step in range(1, ctx.steps + 1):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        if step == ctx.steps // 10:
+            ctx.result["rss_kib_early"] = _rss_kib()
+    ctx.result["drained_in_loop"] = _drain(ctx.drain)
+    ctx.result["rss_kib_end"] = _rss_kib()
+    ctx.result["steps"] = ctx.steps
+    ctx.result["threads_before"] = _threads()
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child says what it has, and leaves at once
+        os.write(writer, ("%d %s" % (worker.running(), ",".join(_threads()))).encode())
+        os._exit(0)
+    os.close(writer)
+    ctx.result["fork_child"] = os.read(reader, 4096).decode()
+    os.waitpid(child, 0)
+    ctx.result["worker_before_destroy"] = worker.running()
+    dist.destroy_process_group()
+    ctx.result["worker_after_destroy"] = worker.running()
+    ctx.result["check_groups_after_destroy"] = len(comm._groups)
+    ctx.result["threads_after"] = _threads()
+    ctx.barrier = False  # no process group left to wait in
+
+
+SCENARIOS = {"probe": probe, "endurance": endurance, "probe-optimizer": probe_optimizer, "plain": plain, "seeded": seeded,
              "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,
              "killed": killed, "four": four, "fsdp": fsdp}
 

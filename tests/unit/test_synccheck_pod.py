@@ -440,3 +440,83 @@ def test_one_report_per_check_names_the_ranks_by_version(tmp_path, world):
         assert run.hook["checks"] == 4
         assert run.hook["last_report"]["versions"] == [list(range(last)), [last]]
     assert [len(run.messages) for run in runs[1:]] == [0] * last
+
+
+# --------------------------------------------------------------------------- (m) never held up by a peer
+PG_TIMEOUT = ["--pg-timeout", "10"]
+
+
+def _wall(runs):
+    """Seconds from the interpreters' start to the end of the slowest rank's training loop."""
+    return max(run.result["loop_end_seconds"] for run in runs)
+
+
+@needs_step_hooks
+def test_a_probe_optimizer_on_rank_0_with_a_10s_process_group_timeout_finishes_on_every_rank(tmp_path):
+    """The check's default agreement timeout (300 s) is far beyond the process group's 10 s: rank 0's probe
+    check waits on the worker, never in the training, so rank 1's own collectives never time out."""
+    args = PG_TIMEOUT + ["--steps", "200", "--drain", "3"]
+    (tmp_path / "armed").mkdir()
+    (tmp_path / "off").mkdir()
+    armed = _ok(ranks.run_ranks("probe-optimizer", 2, tmp_path / "armed", env={SYNC: "5"}, args=args))
+    off = _ok(ranks.run_ranks("probe-optimizer", 2, tmp_path / "off", env={SYNC: "0"}, args=args))
+    for run in armed:
+        assert run.result["steps"] == 200 and run.result["main_checks"] == 42, run.describe()  # 0, 1, 5 .. 200
+        assert run.hook["last_report"]["outcome"] == "identical" and run.hook["last_report"]["step"] == 200
+        assert run.messages == [], run.messages  # the probe's check is still within its 300 s
+    assert armed[0].result["drained_in_loop"] is False  # that probe check, still waiting for rank 1
+    assert [run.result["steps"] for run in off] == [200, 200]
+    print("\nstart to end of training, slowest rank: check armed %.2f s, off %.2f s, ratio %.2f"
+          % (_wall(armed), _wall(off), _wall(armed) / _wall(off)))
+
+
+@needs_step_hooks
+def test_one_rank_without_the_check_and_a_10s_process_group_timeout_finishes(tmp_path):
+    """Rank 1 never arms the check (its environment lacks the variable); rank 0's checks wait on its worker."""
+    arguments = ["--scenario", "probe", "--drain", "3"] + PG_TIMEOUT
+    environments = [ranks.child_environment({SYNC: "5"}), ranks.child_environment({})]
+    runs = ranks.launch([sys.executable, "-m", "support.pod_scenarios"], 2, tmp_path, arguments, environments,
+                        cwd=tmp_path, tag="unarmed")
+    _ok(runs)
+    zero, one = runs
+    assert [run.result["steps"] for run in runs] == [12, 12]
+    assert zero.hook["armed_every"] == 5 and one.hook["armed_every"] == 0
+    assert zero.hook["checks"] == 0 and zero.result["drained"] is False  # no rank 1 to exchange with
+    assert zero.messages == one.messages == []
+
+
+@pytest.fixture(scope="module", name="endurance")
+def _endurance(tmp_path_factory):
+    """10,000 steps of a tiny model with the check at every step, then a fork, then destroy_process_group."""
+    # the agreement's timeout at 5 s: a rank that stood down for being behind leaves the other's pending
+    # checks of that stream to their timeout
+    return _ok(ranks.run_ranks("endurance", 2, tmp_path_factory.mktemp("endurance"), env={SYNC: "1", TIMEOUT_VAR: "5"},
+                               args=["--steps", "10000", "--drain", "60"], timeout=300))
+
+
+@needs_step_hooks
+def test_10000_steps_at_every_step_keep_memory_flat_and_say_at_most_once_that_the_check_is_behind(endurance):
+    for run in endurance:
+        assert run.result["steps"] == 10000 and run.result["drained_in_loop"] is True
+        grown = run.result["rss_kib_end"] - run.result["rss_kib_early"]
+        assert grown < 16 * 1024, run.result  # KiB: the pending checks are bounded (64 vectors of ~80 kB)
+        assert len(run.messages) <= 1, run.messages
+        for message in run.messages:
+            assert "checks are still being exchanged" in message and "set TPU_CLOSURE_FIX_SYNC_CHECK higher" \
+                in message, message
+        assert run.hook["checks"] >= 2 and run.hook["last_report"]["outcome"] == "identical"
+
+
+@needs_step_hooks
+def test_a_forked_child_starts_without_the_worker(endurance):
+    for run in endurance:
+        assert "tpu-closure-fix-synccheck" in run.result["threads_before"]
+        assert run.result["fork_child"] == "0 MainThread"
+
+
+@needs_step_hooks
+def test_destroying_the_process_group_releases_the_worker_and_the_checks_group(endurance):
+    for run in endurance:
+        assert run.result["worker_before_destroy"] is True
+        assert run.result["worker_after_destroy"] is False and run.result["check_groups_after_destroy"] == 0
+        assert run.result["threads_after"] == ["MainThread"]

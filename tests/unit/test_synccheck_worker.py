@@ -146,3 +146,17 @@ def test_the_worker_stops_within_its_bound_and_leaves_no_thread():
     running.stop(5)
     assert not running.thread.is_alive()
     assert not running.submit(object())  # a stopped worker takes nothing
+
+
+def test_a_failure_inside_the_worker_is_said_once_and_no_check_is_taken_after(monkeypatch, recwarn):
+    monkeypatch.setitem(worker._state, "failed", None)
+    monkeypatch.setitem(worker._state, "worker", None)
+    broken = worker.Worker()
+    monkeypatch.setattr(broken, "_agree", lambda: 1 / 0)
+    broken.pending["x"] = object()  # something pending: the loop polls at once
+    broken.start().thread.join(10)
+    assert not broken.thread.is_alive() and worker.failed()
+    said = [str(w.message) for w in recwarn if "worker thread failed" in str(w.message)]
+    assert said == ["tpu-closure-fix: the sync check's worker thread failed (ZeroDivisionError: division by zero) "
+                    "and the zero-code check is now off; training goes on."]
+    assert worker.submit(object()) is False and worker._state["worker"] is None

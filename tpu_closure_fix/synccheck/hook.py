@@ -360,6 +360,9 @@ def _check_off_thread(optimizer, stream, step, channel):
     job = worker.Job(pending, deliver, stand_down, current_step=lambda: steps[0],
                      raising=_armed["action"] == "raise", group=comm.default_group_id())
     if not worker.submit(job):
+        if worker.failed():  # said once when it failed
+            stream.stood_down = "the sync check's worker failed"
+            return
         stream.stood_down = "the sync check's worker is behind"
         _say_once(("behind", stream.key), "tpu-closure-fix: the zero-code sync check stands down for %s at step "
                   "%d: %d checks are still being exchanged (every %d steps is more often than the ranks can "

@@ -45,7 +45,9 @@ EXIT_WAIT = 2.0
 #: Seconds of training, at each rank's own pace, between the ranks' agreement on where to raise and that step:
 #: long enough for every rank to learn the agreed step before it gets there.
 RAISE_LEAD = 0.2
-#: Longest pause between two polls of the store while checks are pending.
+#: First and longest pause between two polls of the store while checks are pending: each poll takes the
+#: interpreter lock from the training thread, so the worker polls no more often than that.
+FIRST_POLL = 0.002
 MAX_POLL = 0.05
 
 _state = {"worker": None, "failed": None}
@@ -159,7 +161,7 @@ class Worker(object):
     # ------------------------------------------------------------------ the loop
     def _main(self):
         try:
-            delay = 0.0005
+            delay = FIRST_POLL
             while True:
                 with self.wake:
                     while not self.stopping and not self.queue and not self.pending:
@@ -176,7 +178,7 @@ class Worker(object):
                 finally:
                     self.busy = False
                 if progressed or new:
-                    delay = 0.0005
+                    delay = FIRST_POLL
                 else:
                     with self.wake:
                         if not self.stopping and not self.queue:
@@ -344,6 +346,11 @@ def submit(job):
             worker = _state["worker"] = Worker(job.group).start()
             _watch_destroy()
     return worker.submit(job)
+
+
+def failed():
+    """Whether this process's worker failed (then said once; the zero-code check is off)."""
+    return _state["failed"] is not None
 
 
 def stale(group):
