@@ -11,6 +11,9 @@ Picked at each check from the process's environment alone:
   rank's answer). A rank enters
   the collective only on "go", so a check that some rank never reaches (an optimizer stepped on one
   rank only, a rank gone, ranks out of step) is entered by none: it stands down with one warning.
+  :meth:`DistributedChannel.agree` is that agreement on the calling thread (``compare_replicas``,
+  ``check_sync``, the callback); the zero-code check runs the same votes on its worker thread
+  (:mod:`.worker`), every pending check at once, so no training thread waits there.
 * torch_xla with a world size > 1 and no process group: ``xm.all_reduce`` inside the XLA graph. There
   is no side channel to agree on, so this path relies on every replica checking at the same steps.
 * Otherwise (one process, world size 1): no channel; a check does nothing.

@@ -19,7 +19,10 @@ every N. Each optimizer is a *stream* named by its parameters' shapes and dtypes
 same optimizer alike; before a check's collective the ranks agree that all of them reached that check of
 that stream (:mod:`.comm`): an optimizer stepped on some ranks only (a rank-0 probe model) never gets a
 collective, its stream stands down after the agreement's timeout with one warning, and the other streams
-go on. A process without a process group, or with world size 1, only counts.
+go on. With a torch.distributed process group the training thread only fingerprints (:func:`.compare.prepare`)
+and goes on; the agreement, the exchange, the verdict and the report run on the process's worker thread
+(:mod:`.worker`), and a divergence to raise is raised by the training thread at the optimizer step the ranks
+agreed on. A process without a process group, or with world size 1, only counts.
 
 Reports name tensors by module path (``encoder.layers.3.weight``), found among the live modules holding
 the optimizer's parameters when something is reported. A failure inside the hook (anything but the
