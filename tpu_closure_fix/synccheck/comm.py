@@ -3,7 +3,8 @@
 Picked at each check from the process's environment alone:
 
 * ``torch.distributed`` initialised with a world size > 1: the check runs on a gloo group of its own
-  (made once, on the first check every rank agreed to), so it never pairs with the training's own
+  (a ``ProcessGroupGloo`` over a prefix of the process group's store, made once, on the first check every
+  rank agreed to), so it never pairs with the training's own
   collectives; the vector is computed on the parameters' device and crosses on the host. Before every
   collective the ranks *agree* through the process group's store: each rank counts itself in under the
   check's key and watches the count; a rank that sees every rank in votes "go", one that waited ``timeout``
@@ -29,18 +30,13 @@ TIMEOUT_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT"
 KEY_PREFIX = "tpu_closure_fix/synccheck/"
 
 _groups = {}  # id(default process group) -> the check's own gloo group
+_made = [0]  # the check's groups made in this process: each its own prefix of the store
 
 
 def release_groups():
-    """Destroy the check's own gloo group (best effort) and forget it: the job is ending its process group."""
-    dist = sys.modules.get("torch.distributed")
-    groups, _ = list(_groups.values()), _groups.clear()
-    for group in groups:
-        try:
-            destroy = getattr(dist.destroy_process_group, "__wrapped__", dist.destroy_process_group)
-            destroy(group)
-        except Exception:
-            pass
+    """Let go of the check's own gloo group (its connections close with it): the job is ending its process
+    group."""
+    _groups.clear()
 
 
 def default_group_id():
@@ -171,12 +167,19 @@ class DistributedChannel(object):
             pass
 
     def _group(self):
+        """The check's own gloo process group, made once per default group: a ``ProcessGroupGloo`` built
+        directly over a prefix of the default group's store. Building it is a rendezvous of the ranks' checks
+        only (entered after every rank agreed "go"): no collective on the default group, and none of the
+        process-wide group numbering ``new_group`` uses, so making it from the check's worker thread cannot
+        pair with groups the training makes meanwhile."""
         from datetime import timedelta
 
         default = self.dist.distributed_c10d._get_default_group()
         group = _groups.get(id(default))
         if group is None:
-            group = self.dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout))
+            _made[0] += 1
+            prefix = self.dist.PrefixStore("%sgroup/%d" % (KEY_PREFIX, _made[0]), self._store())
+            group = self.dist.ProcessGroupGloo(prefix, self.rank, self.size, timedelta(seconds=self.timeout))
             _groups.clear()
             _groups[id(default)] = group
         return group
@@ -192,7 +195,9 @@ class DistributedChannel(object):
         host = vector.detach().to("cpu", copy=True)
 
         def reduce(group):
-            self.dist.all_reduce(host, op=self.dist.ReduceOp.MAX, group=group)
+            options = self.dist.AllreduceOptions()
+            options.reduceOp = self.dist.ReduceOp.MAX
+            group.allreduce([host], options).wait()
             return host
         return self._run("all-reduce", reduce)
 
@@ -202,9 +207,9 @@ class DistributedChannel(object):
         host = vector.detach().to("cpu", copy=True)
 
         def gather(group):
-            out = [torch.empty_like(host) for _ in range(self.size)]
-            self.dist.all_gather(out, host, group=group)
-            return out
+            out = [[torch.empty_like(host) for _ in range(self.size)]]
+            group.allgather(out, [host]).wait()
+            return out[0]
         return self._run("all-gather", gather)
 
 
