@@ -109,6 +109,10 @@ def prepare(obj, step, stream, barrier=None, channel=None):
             details = {}
             vector = fingerprint.local_vector(layout.entries, layout.structures, device, step=step,
                                               lanes=layout.lanes, details=details)
+            if isinstance(channel, comm.DistributedChannel) and vector.device.type != "cpu":
+                # the one device-to-host copy, now, on the training thread; nothing lazy is kept for later
+                # (XLA would add it to the training step's next graph)
+                vector, details = vector.to("cpu"), {}
             layout.details = details  # each tensor's own hash and sums, for naming a difference exactly
         except Exception as exc:  # this replica still joins the check, flagged "could not fingerprint"
             error, vector = exc, fingerprint.failed_vector(step=step)
