@@ -377,7 +377,7 @@ def test_the_check_runs_on_a_group_of_its_own_never_the_default_one(monkeypatch)
             return 2
 
         def PrefixStore(self, prefix, store):
-            calls.append(("prefix", prefix.startswith(comm.KEY_PREFIX + "group/"), store))
+            calls.append(("prefix", prefix.startswith(comm.KEY_PREFIX + "group/call/"), store))
             return "prefixed"
 
         def ProcessGroupGloo(self, store, rank, size, timeout):

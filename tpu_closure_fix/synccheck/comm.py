@@ -29,8 +29,19 @@ DEFAULT_TIMEOUT = 300
 TIMEOUT_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT"
 KEY_PREFIX = "tpu_closure_fix/synccheck/"
 
-_groups = {}  # id(default process group) -> the check's own gloo group
-_made = [0]  # the check's groups made in this process: each its own prefix of the store
+_groups = {}  # (id(default process group), user) -> the check's own gloo group
+_made = {}  # user -> the check's groups made for it in this process: each its own prefix of the store
+#: The name of the zero-code check's worker thread (:mod:`.worker`).
+WORKER_THREAD = "tpu-closure-fix-synccheck"
+
+
+def _user_of_groups():
+    """Who runs this check's collectives: the zero-code check's worker thread, or a caller's thread
+    (``compare_replicas``, ``check_sync``, the callback). Each has a gloo group of its own: their checks run
+    concurrently and must never pair with each other's collectives."""
+    import threading
+
+    return "worker" if threading.current_thread().name == WORKER_THREAD else "call"
 
 
 def release_groups():
@@ -175,13 +186,15 @@ class DistributedChannel(object):
         from datetime import timedelta
 
         default = self.dist.distributed_c10d._get_default_group()
-        group = _groups.get(id(default))
+        user = _user_of_groups()
+        group = _groups.get((id(default), user))
         if group is None:
-            _made[0] += 1
-            prefix = self.dist.PrefixStore("%sgroup/%d" % (KEY_PREFIX, _made[0]), self._store())
+            for key in [k for k in _groups if k[0] != id(default)]:
+                del _groups[key]  # a group of an earlier default group
+            _made[user] = _made.get(user, 0) + 1
+            prefix = self.dist.PrefixStore("%sgroup/%s/%d" % (KEY_PREFIX, user, _made[user]), self._store())
             group = self.dist.ProcessGroupGloo(prefix, self.rank, self.size, timedelta(seconds=self.timeout))
-            _groups.clear()
-            _groups[id(default)] = group
+            _groups[(id(default), user)] = group
         return group
 
     def _run(self, what, fn):

@@ -130,7 +130,7 @@ class Worker(object):
         self.busy = False
         self.stopping = False
         self.wake = threading.Condition(threading.Lock())
-        self.thread = threading.Thread(target=self._main, name="tpu-closure-fix-synccheck", daemon=True)
+        self.thread = threading.Thread(target=self._main, name=comm.WORKER_THREAD, daemon=True)
         self.pid = os.getpid()
 
     def start(self):
