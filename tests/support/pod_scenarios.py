@@ -58,6 +58,7 @@ class Context(object):
     def __init__(self, args):
         self.rank, self.world, self.variant, self.kill = args.rank, args.world, args.variant, args.kill
         self.port = args.port
+        self.steps, self.drain = args.steps, args.drain
         self.reports, self.result, self.barrier = [], {}, True
 
     def keep(self, report, case):
@@ -122,34 +123,41 @@ def probe(ctx):
 
     model = make_model(0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(1, 13):
+    for step in range(1, ctx.steps + 1):
         train_step(model, optimizer, *batch(ctx.rank, step), reduce=ctx.variant != "noreduce", world=ctx.world)
         if step == 1 and ctx.rank == 0:
             ctx.result["probed"] = importlib.util.find_spec("accelerate") is not None
-    ctx.result["steps"] = 12
+    ctx.result["steps"] = ctx.steps
 
 
 def probe_optimizer(ctx):
     """(b) A correct loop; rank 0 also trains a probe model with an optimizer of its own every step."""
     import torch
 
-    hook = sys.modules["tpu_closure_fix.synccheck.hook"]
     model = make_model(0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     probe_model = torch.nn.Linear(4, 1)
     probe_optimizer = torch.optim.SGD(probe_model.parameters(), lr=0.1)
-    for step in range(1, 13):
+    ctx.result["loop_start_seconds"] = round(time.monotonic() - T0, 3)
+    for step in range(1, ctx.steps + 1):
         x, y = batch(ctx.rank, step)
         train_step(model, optimizer, x, y, reduce=True, world=ctx.world)
         if ctx.rank == 0:
             probe_optimizer.zero_grad()
             probe_model(model(x).detach()).pow(2).mean().backward()
             probe_optimizer.step()
-    ctx.result["main_stream"] = hook._counts[id(optimizer)][0].key
-    ctx.result["main_checks"] = hook._counts[id(optimizer)][0].checks
+        ctx.result["steps"] = step
+    ctx.result["loop_end_seconds"] = round(time.monotonic() - T0, 3)  # from the interpreter's start
+    ctx.result["drained_in_loop"] = _drain(ctx.drain)  # the checks are answered off the training thread
+    hook = sys.modules.get("tpu_closure_fix.synccheck.hook")
+    counts = hook._counts if hook is not None else {}
+    if id(optimizer) not in counts:
+        return  # the check is off in this run
+    ctx.result["main_stream"] = counts[id(optimizer)][0].key
+    ctx.result["main_checks"] = counts[id(optimizer)][0].checks
     if ctx.rank == 0:
-        ctx.result["probe_stream"] = hook._counts[id(probe_optimizer)][0].key
-        ctx.result["probe_stood_down"] = hook._counts[id(probe_optimizer)][0].stood_down
+        ctx.result["probe_stream"] = counts[id(probe_optimizer)][0].key
+        ctx.result["probe_stood_down"] = counts[id(probe_optimizer)][0].stood_down
 
 
 def plain(ctx):
@@ -305,6 +313,7 @@ def lbfgs(ctx):
     for step in range(1, 11):
         train_step(model, sgd, *batch(ctx.rank, 10 + step), reduce=ctx.variant == "reduce", world=ctx.world)
     hook = sys.modules["tpu_closure_fix.synccheck.hook"]
+    _drain(60)  # the checks are answered off the training thread
     ctx.result["lbfgs_checks"] = hook._counts[id(lbfgs_optimizer)][0].checks
     ctx.result["sgd_checks"] = hook._counts[id(sgd)][0].checks
 
@@ -396,6 +405,7 @@ def fsdp(ctx):
         ctx.keep(compare_replicas(model), case + "-changed")
         ctx.result[case + "-changed"] = [name for name, p in model.named_parameters() if p is held]
         hook = sys.modules.get("tpu_closure_fix.synccheck.hook")
+        _drain(60)  # the checks are answered off the training thread
         if hook is not None and id(optimizer) in hook._counts:  # gone with the optimizer: read it now
             stream, steps = hook._counts[id(optimizer)]
             ctx.result[case + "-stream"] = {"checks": stream.checks, "steps": steps[0],
@@ -655,12 +665,69 @@ def trainer_ddp(ctx):
         ctx.keep(report, "step-%d" % report.step)
 
 
+def _rss_kib():
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+
+
+def _threads():
+    import threading
+
+    return sorted(t.name for t in threading.enumerate() if t.is_alive())
+
+
+def endurance(ctx):
+    """(v) A tiny correct model for ``--steps`` steps (the check armed at every step by the test): resident
+    memory after a tenth of the steps and at the end; then a forked child reports whether it has the check's
+    worker; then the job destroys its process group, which releases the worker and the check's group."""
+    import torch
+    import torch.distributed as dist
+
+    from tpu_closure_fix.synccheck import comm, worker
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.ones(4, 2), torch.zeros(4, 1)
+    for step in range(1, ctx.steps + 1):
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+        if step == ctx.steps // 10:
+            ctx.result["rss_kib_early"] = _rss_kib()
+    ctx.result["drained_in_loop"] = _drain(ctx.drain)
+    ctx.result["rss_kib_end"] = _rss_kib()
+    ctx.result["steps"] = ctx.steps
+    ctx.result["threads_before"] = _threads()
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child says what it has, and leaves at once
+        os.write(writer, ("%d %s" % (worker.running(), ",".join(_threads()))).encode())
+        os._exit(0)
+    os.close(writer)
+    ctx.result["fork_child"] = os.read(reader, 4096).decode()
+    os.waitpid(child, 0)
+    ctx.result["worker_before_destroy"] = worker.running()
+    dist.destroy_process_group()
+    ctx.result["worker_after_destroy"] = worker.running()
+    ctx.result["check_groups_after_destroy"] = len(comm._groups)
+    ctx.result["threads_after"] = _threads()
+    ctx.barrier = False  # no process group left to wait in
+
+
 SCENARIOS = {"fabric-ddp": fabric_ddp, "trainer-ddp": trainer_ddp,
              "pipeline": pipeline, "zero": zero, "ddp-groups": ddp_groups, "fsdp2": fsdp2, "scale": scale,
-             "kinds": kinds, "gan": gan, "probe": probe, "probe-optimizer": probe_optimizer, "plain": plain,
+             "kinds": kinds, "gan": gan, "probe": probe, "endurance": endurance, "probe-optimizer": probe_optimizer, "plain": plain,
              "seeded": seeded,
              "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,
              "killed": killed, "four": four, "fsdp": fsdp}
+
+
+def _drain(seconds):
+    """Wait at most ``seconds`` for the zero-code check's worker to answer every check handed to it: what
+    the result says about the checks is then final. True when nothing is left (or no worker runs)."""
+    worker = sys.modules.get("tpu_closure_fix.synccheck.worker")
+    return True if worker is None else worker.drain(seconds)
 
 
 def _module_file(name):
@@ -676,6 +743,10 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("--variant", default="")
     parser.add_argument("--kill", action="store_true")
+    parser.add_argument("--steps", type=int, default=12, help="optimizer steps of the loops that take a count")
+    parser.add_argument("--drain", type=float, default=60.0,
+                        help="seconds to wait at the end for the checks still being exchanged")
+    parser.add_argument("--pg-timeout", type=float, default=60.0, help="the process group's timeout (seconds)")
     args = parser.parse_args(argv)
     _record_warnings()
     if args.scenario != "plain":
@@ -686,7 +757,7 @@ def main(argv=None):
     from support import ranks
 
     torch.set_num_threads(1)
-    ranks.join_gloo(args.rank, args.world, args.port, timeout=60)
+    ranks.join_gloo(args.rank, args.world, args.port, timeout=args.pg_timeout)
     _show_ours()
     ctx = Context(args)
     error = None
@@ -694,6 +765,8 @@ def main(argv=None):
         SCENARIOS[args.scenario](ctx)
     except Exception as exc:
         error = "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+    ctx.result["trained_seconds"] = round(time.monotonic() - T0, 3)
+    ctx.result["drained"] = _drain(args.drain)
     payload = {"rank": args.rank, "world": args.world, "scenario": args.scenario, "variant": args.variant,
                "warnings": SEEN, "reports": ctx.reports, "hook": hook_state(), "error": error, "result": ctx.result,
                "modules": {"tpu_closure_fix": _module_file("tpu_closure_fix"),

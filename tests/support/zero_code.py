@@ -156,6 +156,13 @@ def zero_code_state():
             "last_report": None if report is None else report.as_dict()}
 
 
+def drain_checks(seconds=60):
+    """Wait (bounded) until the zero-code check's worker answered every check handed to it, so what this
+    replica reports about the checks is final (a check is exchanged off the training thread)."""
+    worker = sys.modules.get("tpu_closure_fix.synccheck.worker")
+    return True if worker is None else worker.drain(seconds)
+
+
 def run_scenario(args, scenario, seen):
     """Train one scenario; what happened: our warnings issued meanwhile, optimizer steps, the check's state."""
     args.api, args.closure, args.reduce = scenario["api"], scenario.get("closure", True), scenario.get("reduce", False)
@@ -170,6 +177,7 @@ def run_scenario(args, scenario, seen):
     except Exception as exc:  # reported, e.g. ReplicaDivergenceError under on-divergence=raise
         error = "%s: %s" % (type(exc).__name__, exc)
     counter.remove()
+    drain_checks()
     return {"warnings": seen[first_warning:], "steps": len(steps), "error": error, "zero_code": zero_code_state(),
             "shim": sys.modules["tpu_closure_fix"].is_enabled()}
 

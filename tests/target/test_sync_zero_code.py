@@ -11,13 +11,14 @@ step 1 and every 10 steps.
 * ``TPU_CLOSURE_FIX=0`` (the bug present): rank 0 warns at steps 1 and 10 (rank 1 reaches the same
   verdict and only logs it), at the line of the script that stepped (``trainer.fit`` /
   ``optimizer.step`` / ``xm.optimizer_step``), never inside torch or the framework; with
-  ``..._ON_DIVERGENCE=raise`` training stops at step 1 on both.
+  ``..._ON_DIVERGENCE=raise`` training stops on both, at the same optimizer step, after the check at step 1.
 * the shim on: the checks run at steps 0, 1 and 10 and find the replicas identical; no warning.
 * the variable unset: no check, and the check's module is not even imported.
 * a plain loop whose ``xm.optimizer_step`` gets no closure is reduced correctly even without the
   shim: checked and silent.
 """
 import os
+import re
 
 import pytest
 
@@ -26,6 +27,8 @@ from support import ranks
 
 EVERY = 10
 STEPS = 12
+#: Steps of the raise test: enough for the ranks to agree on the step where they raise, and to reach it.
+RAISE_STEPS = 400
 VARIABLES = ("TPU_CLOSURE_FIX_SYNC_CHECK", "TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE")
 APIS = {"pytorch-lightning==1.8.6": ("trainer", "xla"), "lightning-fabric==2.6.6": ("lite",),
         "accelerate==1.15.0": ("accelerate",)}[TARGET]
@@ -39,11 +42,11 @@ def no_inherited_variables(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def run(api, shim, tmp_path, every=EVERY, action=None, **scenario):
+def run(api, shim, tmp_path, every=EVERY, action=None, steps=STEPS, **scenario):
     env = {} if every is None else {"TPU_CLOSURE_FIX_SYNC_CHECK": str(every)}
     if action:
         env["TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE"] = action
-    scenario = dict(scenario, api=api, steps=STEPS)
+    scenario = dict(scenario, api=api, steps=steps)
     return ranks.run_replicas("support.zero_code", scenario, REPLICAS, tmp_path, child_env(shim, env), TIMEOUT)
 
 
@@ -92,14 +95,19 @@ def test_unset_nothing_is_checked_or_imported(api, tmp_path):
         assert result["zero_code"] == {"loaded": False, "armed_every": 0, "checks": 0, "last_report": None}
 
 
-def test_raise_stops_every_replica_at_step_1(tmp_path):
-    """Identical at step 0; apart after the first update: every rank raises at that check."""
-    for rank, result in run(APIS[0], False, tmp_path, action="raise").items():
-        assert (result["error"] or "").startswith("ReplicaDivergenceError: SyncCheck"), result
-        assert "step 1" in result["error"]
-        # raised in torch's post-hooks after step 1's update: the harness's step counter, a post-hook
-        # registered after the check's, never sees that step
-        assert result["steps"] == 0 and result["zero_code"]["checks"] == 2, result
+def test_raise_stops_every_replica_at_the_same_step_after_the_check_at_step_1(tmp_path):
+    """Identical at step 0; apart after the first update: the verdict of that check (found off the training
+    thread) makes every rank raise at the optimizer step the ranks agreed on."""
+    raised = []
+    for rank, result in run(APIS[0], False, tmp_path, action="raise", steps=RAISE_STEPS).items():
+        error = result["error"] or ""
+        assert error.startswith("ReplicaDivergenceError: SyncCheck") and "and step 1: " in error, result
+        at = int(re.search(r"Raised at optimizer step (\d+), the step every rank agreed on", error).group(1))
+        # raised in torch's post-hooks of that step: the harness's step counter, a post-hook registered
+        # after the check's, never sees it
+        assert result["steps"] == at - 1, result
+        raised.append(at)
+    assert raised[0] == raised[1] < RAISE_STEPS, raised
 
 
 @defined_where("xla" in APIS)

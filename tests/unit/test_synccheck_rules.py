@@ -350,14 +350,29 @@ def test_twin_with_a_channel_every_due_step_is_checked(monkeypatch):
 
 
 def test_the_check_runs_on_a_group_of_its_own_never_the_default_one(monkeypatch):
+    """One ProcessGroupGloo, built over a prefix of the default group's store (no new_group), carries every
+    collective of the check."""
     calls = []
+
+    class Work(object):
+        def wait(self):
+            return True
+
+    class Own(object):
+        def allreduce(self, tensors, options):
+            calls.append(("allreduce", options.reduceOp, len(tensors)))
+            return Work()
 
     class Dist(object):
         class ReduceOp(object):
             MAX = "max"
 
+        class AllreduceOptions(object):
+            reduceOp = None
+
         class distributed_c10d(object):
             _get_default_group = staticmethod(lambda: "default")
+            _get_default_store = staticmethod(lambda: "store")
 
         def get_rank(self):
             return 0
@@ -365,18 +380,26 @@ def test_the_check_runs_on_a_group_of_its_own_never_the_default_one(monkeypatch)
         def get_world_size(self):
             return 2
 
-        def new_group(self, backend=None, timeout=None):
-            calls.append(("new_group", backend))
-            return "own"
+        def PrefixStore(self, prefix, store):
+            calls.append(("prefix", prefix.startswith(comm.KEY_PREFIX + "group/call/"), store))
+            return "prefixed"
 
-        def all_reduce(self, tensor, op=None, group=None):
-            calls.append(("all_reduce", op, group))
+        def ProcessGroupGloo(self, store, rank, size, timeout):
+            calls.append(("gloo", store, rank, size, timeout.total_seconds()))
+            return Own()
+
+        def new_group(self, *args, **kwargs):
+            calls.append(("new_group",))
+
+        def all_reduce(self, *args, **kwargs):
+            calls.append(("all_reduce on the default group",))
 
     monkeypatch.setattr(comm, "_groups", {})
     channel = comm.DistributedChannel(Dist(), timeout=5)
     channel.all_reduce_max(torch.zeros(3))
     channel.all_reduce_max(torch.zeros(3))
-    assert calls == [("new_group", "gloo"), ("all_reduce", "max", "own"), ("all_reduce", "max", "own")]
+    assert calls == [("prefix", True, "store"), ("gloo", "prefixed", 0, 2, 5.0), ("allreduce", "max", 1),
+                     ("allreduce", "max", 1)]
 
 
 @needs_step_hooks

@@ -539,3 +539,74 @@ def test_a_differing_check_says_so_in_its_info_line(verdict, caplog):
         step(sgd())
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert lines and all(line.startswith("sync check at step ") and ": DIFFERENT (" in line for line in lines), lines
+
+
+# --------------------------------------------------------------------------- handed to the worker
+class DistributedChannel(comm.DistributedChannel):
+    """A process group's channel (rank ``rank`` of 2) without a process group: the worker is replaced."""
+
+    def __init__(self, rank=0):
+        self.dist, self.rank, self.size, self.timeout = None, rank, 2, 5
+
+
+@pytest.fixture
+def handed(monkeypatch):
+    """Every check goes to a list instead of the worker thread; returns that list of worker.Job."""
+    from tpu_closure_fix.synccheck import worker
+
+    jobs = []
+    channel = DistributedChannel()
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: channel)
+    monkeypatch.setattr(comm, "default_group_id", lambda: 1)
+    monkeypatch.setattr(worker, "stale", lambda group: False)
+    monkeypatch.setattr(worker, "submit", lambda job: jobs.append(job) or True)
+    return jobs
+
+
+def test_with_a_process_group_the_training_thread_only_hands_checks_over(handed):
+    synchook.arm(1, "warn")
+    optimizer = sgd()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        step(optimizer)  # the check before the update, and the one after step 1
+    assert [job.pending.step for job in handed] == [0, 1] and seen == []
+    assert synchook.seen["checks"] == 0  # no verdict yet: nothing was waited for
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        handed[1].deliver(diverged_report(1), None)
+    assert len(seen) == 1 and "step 1" in str(seen[0].message) and seen[0].filename == os.path.abspath(__file__)
+    assert "optimizer.step()" in open(__file__).readlines()[seen[0].lineno - 1]  # the line that stepped
+
+
+def test_raise_comes_at_the_agreed_step_and_the_first_divergence_stands(handed):
+    synchook.arm(1, "raise")
+    optimizer = sgd()
+    step(optimizer)
+    with warnings.catch_warnings(record=True) as seen:  # rank 0 says it at the verdict
+        warnings.simplefilter("always")
+        handed[1].deliver(diverged_report(1), 3)
+    assert len(seen) == 1 and str(seen[0].message).endswith("Every rank raises ReplicaDivergenceError at its "
+                                                            "optimizer step 3.")
+    handed[1].deliver(diverged_report(1), 2)  # a later verdict moves nothing
+    step(optimizer)  # step 2
+    with pytest.raises(synccheck.ReplicaDivergenceError, match="Raised at optimizer step 3, the step every rank"):
+        step(optimizer)  # step 3
+    step(optimizer)  # raised once
+
+
+def test_a_check_that_stands_down_is_said_once_per_optimizer_naming_it(handed):
+    synchook.arm(1, "warn")
+    optimizer = sgd()
+    step(optimizer)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        handed[0].stand_down(comm.StoodDown("rank 0 reached it, rank 1 did not within 5s"))
+        handed[1].stand_down(comm.StoodDown("another reason"))
+    assert len(seen) == 1, [str(w.message) for w in seen]
+    assert synchook._counts[id(optimizer)][0].stood_down == "rank 0 reached it, rank 1 did not within 5s"
+    said = str(seen[0].message)  # the optimizer as the user knows it, never by the stream's key
+    assert said.startswith("tpu-closure-fix: the zero-code sync check stands down for SGD over ") and \
+        "optimizer-" not in said, said
+    assert "at step 0: rank 0 reached it, rank 1 did not within 5s. Training goes on." in str(seen[0].message)
+    step(optimizer)
+    assert len(handed) == 2  # the stream stood down: no further check

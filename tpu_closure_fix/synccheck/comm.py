@@ -3,7 +3,8 @@
 Picked at each check from the process's environment alone:
 
 * ``torch.distributed`` initialised with a world size > 1: the check runs on a gloo group of its own
-  (made once, on the first check every rank agreed to), so it never pairs with the training's own
+  (a ``ProcessGroupGloo`` over a prefix of the process group's store, made once, on the first check every
+  rank agreed to), so it never pairs with the training's own
   collectives; the vector is computed on the parameters' device and crosses on the host. Before every
   collective the ranks *agree* through the process group's store: each rank counts itself in under the
   check's key and watches the count; a rank that sees every rank in votes "go", one that waited ``timeout``
@@ -11,6 +12,9 @@ Picked at each check from the process's environment alone:
   rank's answer). A rank enters
   the collective only on "go", so a check that some rank never reaches (an optimizer stepped on one
   rank only, a rank gone, ranks out of step) is entered by none: it stands down with one warning.
+  :meth:`DistributedChannel.agree` is that agreement on the calling thread (``compare_replicas``,
+  ``check_sync``, the callback); the zero-code check runs the same votes on its worker thread
+  (:mod:`.worker`), every pending check at once, so no training thread waits there.
 * torch_xla with a world size > 1 and no process group: ``xm.all_reduce`` inside the XLA graph. There
   is no side channel to agree on, so this path relies on every replica checking at the same steps.
 * Otherwise (one process, world size 1): no channel; a check does nothing.
@@ -25,7 +29,34 @@ DEFAULT_TIMEOUT = 300
 TIMEOUT_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT"
 KEY_PREFIX = "tpu_closure_fix/synccheck/"
 
-_groups = {}  # id(default process group) -> the check's own gloo group
+_groups = {}  # (id(default process group), user) -> the check's own gloo group
+_made = {}  # user -> the check's groups made for it in this process: each its own prefix of the store
+#: The name of the zero-code check's worker thread (:mod:`.worker`).
+WORKER_THREAD = "tpu-closure-fix-synccheck"
+
+
+def _user_of_groups():
+    """Who runs this check's collectives: the zero-code check's worker thread, or a caller's thread
+    (``compare_replicas``, ``check_sync``, the callback). Each has a gloo group of its own: their checks run
+    concurrently and must never pair with each other's collectives."""
+    import threading
+
+    return "worker" if threading.current_thread().name == WORKER_THREAD else "call"
+
+
+def release_groups():
+    """Let go of the check's own gloo group (its connections close with it): the job is ending its process
+    group."""
+    _groups.clear()
+
+
+def default_group_id():
+    """An identity of the job's default process group now (None: none), to tell a new group from the old."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return id(dist.distributed_c10d._get_default_group())
+    except Exception:
+        return None
 
 
 class StoodDown(RuntimeError):
@@ -152,14 +183,23 @@ class DistributedChannel(object):
             pass
 
     def _group(self):
+        """The check's own gloo process group, made once per default group: a ``ProcessGroupGloo`` built
+        directly over a prefix of the default group's store. Building it is a rendezvous of the ranks' checks
+        only (entered after every rank agreed "go"): no collective on the default group, and none of the
+        process-wide group numbering ``new_group`` uses, so making it from the check's worker thread cannot
+        pair with groups the training makes meanwhile."""
         from datetime import timedelta
 
         default = self.dist.distributed_c10d._get_default_group()
-        group = _groups.get(id(default))
+        user = _user_of_groups()
+        group = _groups.get((id(default), user))
         if group is None:
-            group = self.dist.new_group(backend="gloo", timeout=timedelta(seconds=self.timeout))
-            _groups.clear()
-            _groups[id(default)] = group
+            for key in [k for k in _groups if k[0] != id(default)]:
+                del _groups[key]  # a group of an earlier default group
+            _made[user] = _made.get(user, 0) + 1
+            prefix = self.dist.PrefixStore("%sgroup/%s/%d" % (KEY_PREFIX, user, _made[user]), self._store())
+            group = self.dist.ProcessGroupGloo(prefix, self.rank, self.size, timedelta(seconds=self.timeout))
+            _groups[(id(default), user)] = group
         return group
 
     def _run(self, what, fn):
@@ -173,7 +213,9 @@ class DistributedChannel(object):
         host = vector.detach().to("cpu", copy=True)
 
         def reduce(group):
-            self.dist.all_reduce(host, op=self.dist.ReduceOp.MAX, group=group)
+            options = self.dist.AllreduceOptions()
+            options.reduceOp = self.dist.ReduceOp.MAX
+            group.allreduce([host], options).wait()
             return host
         return self._run("all-reduce", reduce)
 
@@ -183,9 +225,9 @@ class DistributedChannel(object):
         host = vector.detach().to("cpu", copy=True)
 
         def gather(group):
-            out = [torch.empty_like(host) for _ in range(self.size)]
-            self.dist.all_gather(out, host, group=group)
-            return out
+            out = [[torch.empty_like(host) for _ in range(self.size)]]
+            group.allgather(out, [host]).wait()
+            return out[0]
         return self._run("all-gather", gather)
 
 

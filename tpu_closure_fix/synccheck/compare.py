@@ -34,6 +34,7 @@ class Stream(object):
         self.replicas = replicas
         self.rule = None
         self.checks = 0
+        self.issued = 0  # checks fingerprinted so far (some may still be exchanging)
         self.identical_at = None
         self.different_since = None
         self.stood_down = None
@@ -105,38 +106,88 @@ def listed(obj):
 
 
 # --------------------------------------------------------------------------- one check
-def run(obj, step, stream, barrier=None, tolerance=DEFAULT_TOLERANCE, channel=None):
-    """Compare ``obj``'s tensors across the replicas now; the SyncReport, or None on one device.
+class Pending(object):
+    """A check fingerprinted on the training thread and not yet exchanged: everything the exchange and the
+    verdict need, and nothing that changes when training goes on (the vector and each tensor's own hash
+    and sums are computed now; the tensors themselves are read no more)."""
 
-    ``stream`` keeps the history the report is read against (first check, last identical step);
-    ``barrier`` names this check to the other ranks (default: the stream's key and check count). Raises
-    :class:`comm.StoodDown` when not every rank reached the check or its collective failed."""
+    __slots__ = ("channel", "stream", "step", "barrier", "layout", "vector", "error")
+
+    def __init__(self, channel, stream, step, barrier, layout, vector, error):
+        self.channel, self.stream, self.step, self.barrier = channel, stream, step, barrier
+        self.layout, self.vector, self.error = layout, vector, error
+
+
+def prepare(obj, step, stream, barrier=None, channel=None):
+    """The training thread's part of a check: list ``obj``'s tensors, lay them out and fingerprint them
+    (one pass); a :class:`Pending`, or None on one device. Never waits for another rank."""
     import torch
 
     channel = channel or comm.channel()
     if channel is None:
         return None
-    barrier = barrier or "%s/%d" % (stream.key, stream.checks)
+    stream.issued += 1
+    barrier = barrier or "%s/%d" % (stream.key, stream.issued - 1)
     error, layout = None, None
     with torch.no_grad():
         try:
             layout = stream.layout(listed(obj), channel)
             device = channel.device([t for _, _, t in layout.entries])
+            details = {}
             vector = fingerprint.local_vector(layout.entries, layout.structures, device, step=step,
-                                              lanes=layout.lanes)
+                                              lanes=layout.lanes, details=details)
+            if isinstance(channel, comm.DistributedChannel) and vector.device.type != "cpu":
+                # the one device-to-host copy, now, on the training thread; nothing lazy is kept for later
+                # (XLA would add it to the training step's next graph)
+                vector, details = vector.to("cpu"), {}
+            layout.details = details  # each tensor's own hash and sums, for naming a difference exactly
         except Exception as exc:  # this replica still joins the check, flagged "could not fingerprint"
             error, vector = exc, fingerprint.failed_vector(step=step)
-        if not channel.agree(barrier):
-            # the barrier's name is for the ranks; the caller names the stream as the user knows it
-            raise comm.StoodDown("not every rank reached this check (%s) within %ss: an optimizer stepped on "
-                                 "some ranks only, ranks out of step, or a rank gone"
-                                 % (_check_number(stream), getattr(channel, "timeout", "?")))
-        reduced = channel.all_reduce_max(vector)
-        channel.forget(_previous.pop(stream.key, None))
-        _previous[stream.key] = barrier
-        report = decide(fingerprint.decode(reduced), layout, error, channel, step, tolerance)
-    if stream.checks >= 0:
-        stream.record(report)
+    return Pending(channel, stream, step, barrier, layout, vector, error)
+
+
+def exchange(pending, tolerance=DEFAULT_TOLERANCE):
+    """The part of a check every rank enters once all agreed to: the all-reduce, the verdict (and, on a
+    difference, its all-gather), the stream's history. The SyncReport."""
+    import torch
+
+    channel = pending.channel
+    _settle(pending.layout, pending.stream.rule)
+    with torch.no_grad():
+        reduced = channel.all_reduce_max(pending.vector)
+        report = decide(fingerprint.decode(reduced), pending.layout, pending.error, channel, pending.step, tolerance)
+    if pending.stream.checks >= 0:
+        pending.stream.record(report)
+    return report
+
+
+def _settle(layout, rule):
+    """A check fingerprinted before its stream's first verdict was known (the worker exchanges checks after the
+    training thread went on) is read by that verdict: tensors the first check found equal over the world are
+    compared there, so a later difference is a divergence, never a second first-check note."""
+    if layout is not None and rule == groups.RULE_WORLD:
+        layout.undecided = frozenset()
+
+
+def run(obj, step, stream, barrier=None, tolerance=DEFAULT_TOLERANCE, channel=None):
+    """Compare ``obj``'s tensors across the replicas now; the SyncReport, or None on one device.
+
+    ``stream`` keeps the history the report is read against (first check, last identical step);
+    ``barrier`` names this check to the other ranks (default: the stream's key and check count). Raises
+    :class:`comm.StoodDown` when not every rank reached the check or its collective failed. Waits for the
+    other ranks: the zero-code hook uses :func:`prepare` and the worker (:mod:`.worker`) instead."""
+    pending = prepare(obj, step, stream, barrier, channel)
+    if pending is None:
+        return None
+    channel = pending.channel
+    if not channel.agree(pending.barrier):
+        # the barrier's name is for the ranks; the caller names the stream as the user knows it
+        raise comm.StoodDown("not every rank reached this check (%s) within %ss: an optimizer stepped on "
+                             "some ranks only, ranks out of step, or a rank gone"
+                             % (_check_number(stream), getattr(channel, "timeout", "?")))
+    report = exchange(pending, tolerance)
+    channel.forget(_previous.pop(stream.key, None))
+    _previous[stream.key] = pending.barrier
     return report
 
 
@@ -280,6 +331,17 @@ def _some_names(layout, positions, shown=3):
     return named + (", and %d more" % (len(positions) - shown) if len(positions) > shown else "")
 
 
+def _per_tensor(layout):
+    """position -> (bit hash, (non-finite count, sum, sum of |values|)) as the check's fingerprint computed
+    them (empty when it kept none)."""
+    details = getattr(layout, "details", None) or {}
+    hashes, stats = details.get("hashes"), details.get("stats")
+    if hashes is None or stats is None:
+        return {}
+    hashes, stats = hashes.detach().cpu().tolist(), stats.detach().cpu().tolist()
+    return dict((k, (int(h), tuple(float(v) for v in st))) for (k, _, _), h, st in zip(layout.entries, hashes, stats))
+
+
 def _named_exactly(channel, layout, bad_slots):
     """(differing, versions, spread, divergence, nonfinite, group) from all-gathers of every rank's per-tensor
     hash and sums of the tensors in the differing slots (``MAX_NAMED`` tensors per all-gather): exact whatever
@@ -324,14 +386,19 @@ def _gathered_rows(channel, layout, pairs):
     import torch
 
     held = dict((k, (slot, t)) for k, slot, t in layout.entries)
+    known = _per_tensor(layout)
     row = []
     for s, k in pairs:
         slot, tensor = held.get(k, (None, None))
         if slot != s:
             row += [-1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
             continue
-        hi, lo = fingerprint._halves(int(fingerprint.bit_hash(tensor, k)))
-        nonfinite, total, scale = (float(v) for v in fingerprint.value_sums(tensor))
+        if k in known:  # computed with the check's vector, before training went on
+            bits, (nonfinite, total, scale) = known[k]
+        else:
+            bits = int(fingerprint.tensor_hash(tensor, k))
+            nonfinite, total, scale = (float(v) for v in fingerprint.value_sums(tensor))
+        hi, lo = fingerprint._halves(bits)
         row += [float(layout.lane_of[k]), hi, lo, nonfinite, total, scale]
     return [r.tolist() for r in channel.all_gather(torch.tensor(row, dtype=torch.float32))]
 

@@ -589,7 +589,7 @@ def _slot_fields(held, slots):
 
 
 def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK, step=None, lanes=1,
-                 cpu_hash=None):
+                 cpu_hash=None, details=None):
     """This replica's vector (float32, length :func:`vector_length`).
 
     ``entries``: the tensors this replica holds, as ``(position, slot, tensor)`` (position: the tensor's
@@ -599,7 +599,9 @@ def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK
     shapes and dtypes). Slots no entry goes to are absent: ``-inf`` in every copy of their fields, so the
     MAX all-reduce gives each slot's largest and smallest value over the replicas that hold it.
     Built on ``device`` (default: the first tensor's, else CPU). ``cpu_hash``: how CPU tensors are hashed
-    (:func:`uses_xxh3`); tensors on other devices are hashed elementwise there."""
+    (:func:`uses_xxh3`); tensors on other devices are hashed elementwise there. ``details``: a dict that
+    receives each entry's own bit hash (``hashes``) and value sums (``stats``), in entry order, computed by
+    the same pass."""
     import torch
 
     xxh3 = uses_xxh3(cpu_hash)
@@ -618,6 +620,8 @@ def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK
     if entries:
         index = torch.tensor([s for _, s, _ in entries], dtype=torch.int64).to(device)
         per_tensor, per_stats = _per_tensor_fields(entries, chunk, xxh3, device)
+        if details is not None:
+            details["hashes"], details["stats"] = per_tensor, per_stats
         hashes.index_add_(0, index, per_tensor)
         stats.index_add_(0, index, per_stats)
     hi = torch.bitwise_right_shift(hashes, 16).bitwise_and_(0xFFFF).to(torch.float32)

@@ -25,7 +25,10 @@ every N. Each optimizer is a *stream* named by its parameters' shapes and dtypes
 same optimizer alike; before a check's collective the ranks agree that all of them reached that check of
 that stream (:mod:`.comm`): an optimizer stepped on some ranks only (a rank-0 probe model) never gets a
 collective, its stream stands down after the agreement's timeout with one warning, and the other streams
-go on. A process without a process group, or with world size 1, only counts.
+go on. With a torch.distributed process group the training thread only fingerprints (:func:`.compare.prepare`)
+and goes on; the agreement, the exchange, the verdict and the report run on the process's worker thread
+(:mod:`.worker`), and a divergence to raise is raised by the training thread at the optimizer step the ranks
+agreed on. A process without a process group, or with world size 1, only counts.
 
 Reports name tensors by module path (``encoder.layers.3.weight``), found among the live modules holding
 the optimizer's parameters when something is reported. A failure inside the hook (anything but the
@@ -264,6 +267,7 @@ def _count_and_check(optimizer):
         stream, steps = _entry(optimizer)
         steps[0] += 1
         step = steps[0]
+    _raise_if_due(stream, step)
     if (step == 1 or step % _armed["every"] == 0) and stream.stood_down is None:
         _check(optimizer, stream, step)
 
@@ -303,6 +307,9 @@ def _check(optimizer, stream, step):
     if channel is None:  # one process, or world size 1: nothing to compare, nothing entered
         return
     started = time.perf_counter()
+    if isinstance(channel, comm.DistributedChannel):
+        _check_off_thread(optimizer, stream, step, channel)
+        return
     try:
         report = compare.run(optimizer, step, stream, channel=channel)
     except comm.StoodDown as exc:
@@ -314,18 +321,122 @@ def _check(optimizer, stream, step):
                    "for %s at step %d: %s. Training goes on." % (_label(optimizer, stream), step, exc),
                    stacklevel=_user_stacklevel())
         return
-    if report.outcome == "out_of_step":
+    _delivered(report, optimizer, channel.rank, where=_user_location(), stream=stream, started=started)
+
+
+def _delivered(report, optimizer, rank, where, stream=None, started=None, held=None):
+    """What a check's report does once known: the history, the names by module path (``optimizer``: looked up
+    now; None: named already), the info line, the words or the raise. ``held``: the seconds the check held the
+    training thread (else the time since ``started``)."""
+    stream = stream or _stream_of(optimizer)
+    if stream is not None and report.outcome == "out_of_step":
         stream.stood_down = report.reason
-    if compare.nothing_left(report):  # every tensor found not to be a replica: no later check would compare any
-        stream.stood_down = report.reason
-    if report.outcome != "identical":
+    if stream is not None and compare.nothing_left(report):
+        # every tensor found not to be a replica: no later check would compare any; checks fingerprinted before
+        # this verdict was known say nothing more (their tensors are the same)
+        stream.stood_down, stream.settled_apart = report.reason, True
+    if report.outcome != "identical" and optimizer is not None:
         _name_by_module(report, optimizer, stream)
     seen["checks"] += 1
     seen["last_report"] = report
     # one line per check at info level (TPU_CLOSURE_FIX_LOG=info): a correct run says that its checks ran
-    reports.logger.info("sync check at step %d: %s over %d replicas, %.1f ms", step, _said(report),
-                        report.world_size, (time.perf_counter() - started) * 1000.0)
-    reports.act(report, _armed["action"], rank=channel.rank, stacklevel=_user_stacklevel())
+    if held is None and started is not None:
+        held = time.perf_counter() - started
+    reports.logger.info("sync check at step %s: %s over %d replicas%s", report.step, _said(report),
+                        report.world_size, "" if held is None else ", %.1f ms" % (held * 1000.0))
+    reports.act(report, _armed["action"], rank=rank, where=where)
+
+
+def _stream_of(optimizer):
+    entry = _counts.get(id(optimizer)) if optimizer is not None else None
+    return entry[0] if entry is not None else None
+
+
+def _check_off_thread(optimizer, stream, step, channel):
+    """Fingerprint now, on the training thread; the worker agrees, exchanges, decides and reports (see
+    :mod:`.worker`): this rank never waits here for another."""
+    from . import worker
+
+    if worker.stale(comm.default_group_id()):
+        worker.release()
+    started = time.perf_counter()
+    pending = compare.prepare(optimizer, step, stream, channel=channel)
+    held = time.perf_counter() - started  # what the training thread gives the check: the fingerprint
+    _module_paths(optimizer, stream)  # found now, on the training thread, while the model is alive
+    where = _user_location()
+    name = _label(optimizer, stream)
+    steps = _counts[id(optimizer)][1]
+
+    def deliver(report, raise_at):
+        try:
+            _deliver(report, raise_at)
+        except Exception as exc:  # e.g. warnings turned into errors: the training thread raises it, not the worker
+            stream.raise_at, stream.raising = 0, exc
+
+    def _deliver(report, raise_at):
+        if getattr(stream, "settled_apart", False):
+            return  # its first check found nothing to compare: said once then
+        if report.outcome != "identical":
+            _apply_names(report, stream.module_paths[0], name)
+        if getattr(stream, "raising", None) is not None:
+            return  # the first divergence to raise stands (every rank agreed on its step); later ones add nothing
+        if raise_at is not None:
+            stream.raise_at, stream.raising = raise_at, ReplicaDivergenceError(
+                "%s Raised at optimizer step %d, the step every rank agreed on." % (report.message(), raise_at),
+                report)
+            seen["checks"] += 1
+            seen["last_report"] = report
+            if channel.rank == 0:  # said now: the training may end before that step
+                reports.say_at("%s Every rank raises ReplicaDivergenceError at its optimizer step %d."
+                               % (report.message(), raise_at), where)
+            return
+        _delivered(report, None, channel.rank, where=where, stream=stream, held=held)
+
+    def stand_down(exc):
+        try:
+            _stand_down(exc)
+        except Exception as error:  # e.g. warnings turned into errors: raised on the training thread
+            stream.raise_at, stream.raising = 0, error
+
+    def _stand_down(exc):
+        if stream.stood_down is not None:
+            return  # one message per stream: its later checks fall with the first
+        stream.stood_down = str(exc)
+        if exc.broken:
+            disarm()
+        message = ("tpu-closure-fix: the zero-code sync check stands down for %s at step %d: %s. "
+                   "Training goes on." % (name, step, exc))
+        _say_once(("stood down", str(exc) if exc.broken else stream.key), message, where)
+
+    job = worker.Job(pending, deliver, stand_down, current_step=lambda: steps[0],
+                     raising=_armed["action"] == "raise", group=comm.default_group_id())
+    if not worker.submit(job):
+        if worker.failed():  # said once when it failed
+            stream.stood_down = "the sync check's worker failed"
+            return
+        stream.stood_down = "the sync check's worker is behind"
+        _say_once(("behind", stream.key), "tpu-closure-fix: the zero-code sync check stands down for %s at step "
+                  "%d: %d checks are still being exchanged (every %d steps is more often than the ranks can "
+                  "exchange them); set %s higher. Training goes on."
+                  % (name, step, worker.MAX_PENDING, _armed["every"], SYNC_CHECK_VAR), where)
+
+
+def _raise_if_due(stream, step):
+    """On the training thread: raise the divergence the worker found, at the optimizer step the ranks agreed."""
+    from . import worker
+
+    error = getattr(stream, "raising", None)
+    if error is not None and worker.due_to_raise(step, stream.raise_at):
+        stream.raising = None
+        stream.stood_down = "raised"
+        raise error
+
+
+def _say_once(key, message, where):
+    if key in _warned:
+        return
+    _warned.add(key)
+    reports.say_at(message, where)
 
 
 def _said(report):
@@ -360,7 +471,12 @@ def _name_by_module(report, optimizer, stream=None):
     modules that hold the optimizer's parameters (only when something is reported), and say which optimizer
     the report is about (``report.stream``)."""
     by_old, _ = _module_paths(optimizer, stream)
-    report.stream = _label(optimizer, stream)
+    _apply_names(report, by_old, _label(optimizer, stream))
+
+
+def _apply_names(report, by_old, label):
+    """Name ``report``'s tensors by the module paths of ``by_old`` and its optimizer by ``label``."""
+    report.stream = label
     paths = [by_old.get(n, n) for n in report.names]
     taken = {}
     for path in paths:
@@ -418,6 +534,18 @@ def _user_stacklevel():
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(prefixes):
         frame, level = frame.f_back, level + 1
     return level if frame is not None else 2
+
+
+def _user_location():
+    """``(filename, lineno, module, globals)`` of the first frame outside torch, the frameworks and this
+    package on the training thread now: where a warning issued later by the worker points."""
+    prefixes = tuple(_library_dirs())
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(prefixes):
+        frame = frame.f_back
+    if frame is None:
+        frame = sys._getframe(1)
+    return frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", "__main__"), frame.f_globals
 
 
 def _library_dirs():

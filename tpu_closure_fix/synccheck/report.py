@@ -240,7 +240,24 @@ def _say(message, speaker, stacklevel):
         logger.debug("%s", message)
 
 
-def act(report, on_divergence, rank=0, stacklevel=3):
+def _speak(message, speaker, stacklevel, where):
+    """Say ``message`` at ``where`` when given (see :func:`say_at`), else at ``stacklevel`` above act."""
+    if speaker and where is not None:
+        say_at(message, where)
+    else:
+        _say(message, speaker, stacklevel + 1)
+
+
+def say_at(message, where):
+    """Warn ``message`` at ``where`` = ``(filename, lineno, module, globals)``: a line of the user's code
+    captured on the training thread (a warning issued from another thread points there, not at the thread)."""
+    filename, lineno, module, module_globals = where
+    registry = module_globals.setdefault("__warningregistry__", {})
+    # no module_globals: its loader may not serve the module by that name (``python -m``: "__main__")
+    warnings.warn_explicit(message, TPUClosureFixWarning, filename, lineno, module=module, registry=registry)
+
+
+def act(report, on_divergence, rank=0, stacklevel=3, where=None):
     """What a check does with its report: on divergence rank 0 warns (the others log at debug level), every
     rank raises with ``"raise"``, or ``on_divergence(report)`` is called on every rank; identical non-finite
     parameters are said the same way (never raised: the replicas agree); an unverified or out-of-step
@@ -255,14 +272,14 @@ def act(report, on_divergence, rank=0, stacklevel=3):
         key = (report.outcome, report.reason, report._not_compared_note(), speaker)
         if key not in _warned_once:
             _warned_once.add(key)
-            _say(report.message(), speaker, stacklevel)
+            _speak(report.message(), speaker, stacklevel, where)
         return
     if report.outcome == "nonfinite":
-        _say(report.message(), rank == 0, stacklevel)
+        _speak(report.message(), rank == 0, stacklevel, where)
         return
     if on_divergence == "raise":
         raise ReplicaDivergenceError(report.message(), report)
     if callable(on_divergence):
         on_divergence(report)
         return
-    _say(report.message(), rank == 0, stacklevel)
+    _speak(report.message(), rank == 0, stacklevel, where)

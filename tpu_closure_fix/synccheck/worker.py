@@ -1,0 +1,437 @@
+"""The check's worker: agreement, exchange and verdict of the zero-code check off the training thread.
+
+At a check the training thread fingerprints its parameters (:func:`.compare.prepare`: one pass, no
+communication) and hands the result to this process's worker thread; it never waits for another rank. The
+worker (one daemon thread per process, started at the first check) alone uses the process group's store and
+the check's own gloo group:
+
+1. **Arrive.** It counts the check in under the check's key (the stream and its check number) and notes its
+   rank there.
+2. **Agree.** It polls every pending check at once: a check every rank arrived at is voted "go"; one still
+   incomplete after ``TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`` seconds is voted "abort" (compare-and-set: the first
+   vote written is every rank's answer). An aborted check is said once, naming the optimizer and the ranks
+   that reached it and those that did not, and its stream stands down; the other pending checks go on
+   meanwhile -- an optimizer stepped on rank 0 alone holds up neither training nor the other checks.
+3. **Order.** Checks agreed "go" are exchanged one at a time in an order every rank reads from the store:
+   exchange number ``n`` is the first "go" check some rank proposes for it (compare-and-set again), so the
+   ranks enter the check's collectives in the same order whatever order they fingerprinted them in.
+4. **Exchange and verdict** (:func:`.compare.exchange`); the report is given as soon as it is known, naming the
+   check's step, its warning pointing at the user's line that stepped (captured on the training thread).
+   With ``on_divergence="raise"`` the ranks agree, through one more small all-reduce, on the optimizer step
+   at which every one of them raises (:func:`raise_proposal`): each rank's training thread raises there.
+
+Bounds: at most :data:`MAX_PENDING` checks wait (a vector of about 80 kB each); a check beyond that is not
+taken, its stream stands down with one message (the others then stand down at the agreement's timeout). The
+worker stops at interpreter exit (waiting at most :data:`EXIT_WAIT` seconds), is absent from a forked child,
+and is stopped, with the check's gloo group, when the job destroys its process group. A failure inside the
+worker is warned once; the zero-code check then stays off and training goes on.
+"""
+import atexit
+import collections
+import math
+import os
+import sys
+import threading
+import time
+import warnings
+
+from ..config import TPUClosureFixWarning
+from . import comm
+
+#: Checks fingerprinted and not yet exchanged, at most (each holds one vector of about 80 kB).
+MAX_PENDING = 64
+#: Seconds the process waits, at exit or when the process group is destroyed, for a check being exchanged.
+EXIT_WAIT = 2.0
+#: Seconds of training, at each rank's own pace, between the ranks' agreement on where to raise and that step:
+#: long enough for every rank to learn the agreed step before it gets there.
+RAISE_LEAD = 0.2
+#: First and longest pause between two polls of the store while checks are pending: each poll takes the
+#: interpreter lock from the training thread, so the worker polls no more often than that.
+FIRST_POLL = 0.002
+MAX_POLL = 0.05
+
+_state = {"worker": None, "failed": None}
+_lock = threading.Lock()
+
+
+class Job(object):
+    """One check on its way: the fingerprinted check (:class:`.compare.Pending`) and what to do with the
+    verdict. ``deliver(report)`` runs on the worker once the verdict is known; ``stand_down(reason)`` when
+    the check cannot complete; ``current_step()`` reads the training thread's step count (raise agreement);
+    ``raising``: the verdict of a divergence is raised, at an agreed step."""
+
+    def __init__(self, pending, deliver, stand_down, current_step=None, raising=False, tolerance=None, group=None):
+        self.pending = pending
+        self.group = group
+        self.deliver = deliver
+        self.stand_down = stand_down
+        self.current_step = current_step
+        self.raising = raising
+        self.tolerance = tolerance
+        self.key = comm.KEY_PREFIX + pending.barrier
+        self.step_then = current_step() if current_step is not None else 0
+        self.time_then = time.monotonic()
+        self.deadline = None
+        self.decision = None
+
+
+# --------------------------------------------------------------------------- decision lines
+def vote(arrived, size, now, deadline):
+    """The vote of a rank polling a check: "go" once every rank arrived, "abort" once the deadline passed
+    without that, else None (keep polling)."""
+    if arrived >= size:
+        return "go"
+    if now >= deadline:
+        return "abort"
+    return None
+
+
+def proposal(jobs):
+    """The check this rank proposes for the next exchange: its first pending check agreed "go" (None: none)."""
+    for job in jobs:
+        if job.decision == "go":
+            return job.key
+    return None
+
+
+def raise_proposal(step_then, time_then, step_now, time_now, lead=RAISE_LEAD):
+    """The step this rank proposes to raise at: its step now, plus the steps it trains in ``lead`` seconds at
+    the pace it kept since the check (``step_then`` at ``time_then``), plus one. Every rank raises at the
+    largest proposal, so at a step none of them has reached when they agree on it."""
+    elapsed = max(time_now - time_then, 1e-6)
+    pace = max(step_now - step_then, 0) / elapsed
+    return int(step_now) + int(math.ceil(pace * lead)) + 1
+
+
+def due_to_raise(step, raise_at):
+    """Whether the training thread raises the pending divergence at optimizer step ``step``."""
+    return raise_at is not None and step >= raise_at
+
+
+def ranks_named(reached, size):
+    """``(reached, missing)`` rank lists from the ranks noted under a check's key."""
+    reached = sorted(set(r for r in reached if 0 <= r < size))
+    return reached, [r for r in range(size) if r not in reached]
+
+
+def _text(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+# --------------------------------------------------------------------------- the thread
+class Worker(object):
+    """One process's worker thread and its queue of checks (see the module docstring)."""
+
+    def __init__(self, group=None):
+        self.group = group  # the identity of the process group whose store and ranks it uses
+        self.queue = collections.deque()
+        self.pending = collections.OrderedDict()  # key -> Job, in the order this rank fingerprinted them
+        self.exchanges = 0  # exchanges done: the number of the next one, the same on every rank
+        self.busy = False
+        self.stopping = False
+        self.wake = threading.Condition(threading.Lock())
+        self.thread = threading.Thread(target=self._main, name=comm.WORKER_THREAD, daemon=True)
+        self.pid = os.getpid()
+
+    def start(self):
+        self.thread.start()
+        return self
+
+    def submit(self, job):
+        """Queue ``job``; False when :data:`MAX_PENDING` checks already wait (it is not taken)."""
+        with self.wake:
+            if len(self.queue) + len(self.pending) >= MAX_PENDING or self.stopping:
+                return False
+            self.queue.append(job)
+            self.wake.notify()
+        return True
+
+    def idle(self):
+        with self.wake:
+            return not self.queue and not self.pending and not self.busy
+
+    def stop(self, wait=EXIT_WAIT):
+        """Stop taking checks and end the thread, waiting at most ``wait`` seconds for it."""
+        with self.wake:
+            self.stopping = True
+            self.wake.notify()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(wait)
+
+    # ------------------------------------------------------------------ the loop
+    def _main(self):
+        try:
+            delay = FIRST_POLL
+            while True:
+                with self.wake:
+                    while not self.stopping and not self.queue and not self.pending:
+                        self.wake.wait()
+                    if self.stopping:
+                        return
+                    new = list(self.queue)
+                    self.queue.clear()
+                    self.busy = True
+                try:
+                    for job in new:
+                        self._arrive(job)
+                    progressed = self._agree() | self._exchange_next()
+                finally:
+                    self.busy = False
+                if progressed or new:
+                    delay = FIRST_POLL
+                else:
+                    with self.wake:
+                        if not self.stopping and not self.queue:
+                            self.wake.wait(delay)
+                    delay = min(delay * 2, MAX_POLL)
+        except Exception as exc:  # never break training: say it once, the check stays off
+            _worker_failed(exc)
+
+    def _store(self, job):
+        return job.pending.channel._store()
+
+    def _arrive(self, job):
+        channel = job.pending.channel
+        try:
+            store = self._store(job)
+            if hasattr(store, "append"):
+                store.append(job.key + "/ranks", "%d," % channel.rank)
+            store.add(job.key + "/arrived", 1)
+        except Exception as exc:
+            self._give_up(job, _store_failed(exc))
+            return
+        job.deadline = time.monotonic() + channel.timeout
+        self.pending[job.key] = job
+
+    def _agree(self):
+        """Poll every pending check not yet agreed; True when some check got its answer."""
+        progressed = False
+        for job in [j for j in self.pending.values() if j.decision is None]:
+            channel = job.pending.channel
+            try:
+                store = self._store(job)
+                wanted = vote(store.add(job.key + "/arrived", 0), channel.size, time.monotonic(), job.deadline)
+                if wanted is None:
+                    continue
+                job.decision = _text(store.compare_set(job.key + "/decision", "", wanted))
+            except Exception as exc:
+                self._give_up(job, _store_failed(exc))
+                continue
+            progressed = True
+            if job.decision != "go":
+                self._give_up(job, self._not_reached(job))
+        return progressed
+
+    def _exchange_next(self):
+        """Run the next exchange when some rank proposed it; True when one ran."""
+        if not self.pending:
+            return False
+        first = next(iter(self.pending.values()))
+        slot = "%sexchange/%d" % (comm.KEY_PREFIX, self.exchanges)
+        try:
+            store = self._store(first)
+            mine = proposal(self.pending.values())
+            if mine is not None:
+                chosen = _text(store.compare_set(slot, "", mine))
+            elif store.check([slot]):
+                chosen = _text(store.get(slot))
+            else:
+                return False
+        except Exception as exc:
+            self._break(_store_failed(exc))
+            return True
+        job = self.pending.pop(chosen, None)
+        if job is None:  # every rank reached it, yet this rank holds no such check: no way to pair it
+            self._break(comm.StoodDown("the ranks' checks are out of order (%s is not pending here)" % chosen,
+                                       broken=True))
+            return True
+        self.exchanges += 1
+        self._run(job, slot)
+        return True
+
+    def _run(self, job, slot):
+        from . import compare
+
+        pending = job.pending
+        try:
+            report = compare.exchange(pending, job.tolerance if job.tolerance is not None
+                                      else compare.DEFAULT_TOLERANCE)
+            raise_at = None
+            if job.raising and report.diverged and job.current_step is not None:
+                raise_at = self._agree_raise_step(job)
+        except comm.StoodDown as exc:
+            self._break(exc, job)
+            return
+        self._forget(job, slot)
+        job.deliver(report, raise_at)
+
+    def _agree_raise_step(self, job):
+        """The step every rank raises at: the largest of the ranks' proposals (one all-reduce of one number)."""
+        import torch
+
+        here = raise_proposal(job.step_then, job.time_then, job.current_step(), time.monotonic())
+        agreed = job.pending.channel.all_reduce_max(torch.tensor([float(here)], dtype=torch.float64))
+        return int(agreed[0])
+
+    def _forget(self, job, slot):
+        """Rank 0 deletes an exchanged check's keys: every rank has read them (all entered its all-reduce)."""
+        if job.pending.channel.rank != 0:
+            return
+        try:
+            store = self._store(job)
+            for key in (job.key + "/arrived", job.key + "/decision", job.key + "/ranks", slot):
+                store.delete_key(key)
+        except Exception:
+            pass
+
+    def _not_reached(self, job):
+        pending = job.pending
+        channel = pending.channel
+        reached = []
+        try:
+            raw = self._store(job).get(job.key + "/ranks")
+            reached = [int(r) for r in _text(raw).split(",") if r.strip().isdigit()]
+        except Exception:
+            pass
+        reached, missing = ranks_named(reached, channel.size)
+        who = ("rank%s %s reached it, rank%s %s did not" % (
+            "s" if len(reached) > 1 else "", _ranks(reached), "s" if len(missing) > 1 else "", _ranks(missing))
+            if reached and missing else "not every rank reached it")
+        return comm.StoodDown("%s within %ss (an optimizer stepped on some ranks only, ranks out of step, or a "
+                              "rank gone)" % (who, channel.timeout))
+
+    def _give_up(self, job, exc):
+        self.pending.pop(job.key, None)
+        job.stand_down(exc)
+        if exc.broken:
+            self._break(exc)
+
+    def _break(self, exc, job=None):
+        """The channel carries no further check: every pending check stands down with the same reason."""
+        jobs = ([job] if job is not None else []) + list(self.pending.values())
+        self.pending.clear()
+        for each in jobs:
+            each.stand_down(exc)
+
+
+def _ranks(ranks):
+    from .report import rank_ranges
+
+    return rank_ranges(ranks)
+
+
+def _store_failed(exc):
+    return comm.StoodDown("the store of the process group failed (%s: %s)" % (type(exc).__name__, exc), broken=True)
+
+
+def _worker_failed(exc):
+    _state["failed"] = "%s: %s" % (type(exc).__name__, exc)
+    try:
+        warnings.warn_explicit("tpu-closure-fix: the sync check's worker thread failed (%s) and the zero-code "
+                               "check is now off; training goes on." % _state["failed"], TPUClosureFixWarning,
+                               __file__, 0, module=__name__)
+    except Exception:
+        pass
+
+
+# --------------------------------------------------------------------------- the process's worker
+def submit(job):
+    """Hand ``job`` to this process's worker (started now if needed); False when not taken (the queue is
+    full, or the worker failed)."""
+    if _state["failed"] is not None:
+        return False
+    with _lock:
+        worker = _state["worker"]
+        if worker is None or worker.pid != os.getpid():
+            worker = _state["worker"] = Worker(job.group).start()
+            _watch_destroy()
+    return worker.submit(job)
+
+
+def failed():
+    """Whether this process's worker failed (then said once; the zero-code check is off)."""
+    return _state["failed"] is not None
+
+
+def stale(group):
+    """Whether this process's worker serves another process group than ``group`` (the job made a new one)."""
+    worker = _state["worker"]
+    return worker is not None and worker.pid == os.getpid() and worker.group != group
+
+
+def drain(seconds):
+    """Wait at most ``seconds`` until every check handed over so far is answered; True when all are."""
+    worker = _state["worker"]
+    deadline = time.monotonic() + seconds
+    while worker is not None and worker.thread.is_alive() and not worker.idle():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def running():
+    """Whether this process has a live worker thread."""
+    worker = _state["worker"]
+    return worker is not None and worker.pid == os.getpid() and worker.thread.is_alive()
+
+
+def stop(wait=EXIT_WAIT):
+    """Stop this process's worker (pending checks are dropped unsaid)."""
+    with _lock:
+        worker, _state["worker"] = _state["worker"], None
+    if worker is not None and worker.pid == os.getpid():
+        worker.stop(wait)
+
+
+def release(wait=EXIT_WAIT):
+    """Stop the worker and let go of the check's own gloo group (the job is destroying its process group)."""
+    stop(wait)
+    comm.release_groups()
+
+
+def _after_fork_in_child():
+    """A forked child starts without the parent's worker and with nothing of its checks."""
+    global _lock
+    _lock = threading.Lock()
+    _state["worker"] = None
+    _state["failed"] = None
+
+
+_destroy_wrapped = []
+
+
+def _watch_destroy():
+    """Wrap ``torch.distributed.destroy_process_group`` once: destroying the default group releases the
+    check's worker and group first (called with the worker's lock held)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or _destroy_wrapped:
+        return
+    original = getattr(dist, "destroy_process_group", None)
+    if original is None:
+        return
+    _destroy_wrapped.append(original)
+
+    def destroy_process_group(group=None, *args, **kwargs):
+        if group is None or group is _default_group(dist):
+            try:
+                release()
+            except Exception:
+                pass
+        return original(group, *args, **kwargs)
+
+    destroy_process_group.__wrapped__ = original
+    destroy_process_group.__doc__ = original.__doc__
+    dist.destroy_process_group = destroy_process_group
+
+
+def _default_group(dist):
+    try:
+        return dist.distributed_c10d._get_default_group()
+    except Exception:
+        return None
+
+
+atexit.register(stop)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
