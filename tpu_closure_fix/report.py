@@ -242,6 +242,7 @@ def render_table(records, show_all=False):
     # (the reasons wrap below them), so that site names keep what room there is
     full = max(len(c[3]) + (len(c[4]) + 3 if c[4] else 0) for c in cells)
     verdict_room = full if full <= VERDICT_ROOM else max(len(c[3]) for c in cells)
+    verdict_room = max(verdict_room, len(header[3]))  # the heading's own word: a verdict shorter than it ("failed")
     site_cap = max(len(header[2]), WIDTH - verdict_room - sum(widths) - 6)
     widths.append(max([len(header[2])] + [min(len(c[2]), site_cap) for c in cells]))
 
