@@ -369,7 +369,8 @@ def status_outcome(payload, error=None):
     #    searched that directory, so no verdict is about it.
     beside = payload.get("beside_script") or {}
     if beside.get("found"):
-        return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s." % script_dir.reason(beside["found"], beside["directory"]))
+        return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s." % script_dir.reason(beside["found"],
+                                                                                beside["directory"], python))
     sites = installed(payload["records"])
     # 3. No site the shim covers is installed and no uncovered XLA step found: said as such, never "protected".
     if not sites and not uncovered_reason(payload):
