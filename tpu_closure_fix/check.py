@@ -148,8 +148,10 @@ def _fix(unprotected, reasons):
 
 
 def _not_verified_reasons(events, graph, graph_unavailable, import_failures=()):
+    from .report import import_error
+
     reasons = [("%s:%s" % (r["module"], r["method"]),
-                "%s:%s cannot be imported (%s)" % (r["module"], r["method"], r["reason"])) for r in import_failures]
+                "%s:%s cannot be imported (%s)" % (r["module"], r["method"], import_error(r))) for r in import_failures]
     if events.get("error"):
         reasons.append(("self-test", "the event-order self-test failed: %s" % events["error"]))
     for site in events.get("sites", []):

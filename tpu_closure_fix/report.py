@@ -191,13 +191,20 @@ def known_fix(exc, numpy_release=None):
     return None
 
 
+def import_error(record):
+    """A failed site's reason without the fix of a known cause (:func:`import_fix` names it, for the interpreter)."""
+    return (record.get("reason") or "").split(KNOWN_FIX, 1)[0]
+
+
 def import_fix(record, python):
-    """The step that follows a site's import failure: none where its reason already names the known fix, else the
-    import to make succeed, which shows the whole error (the reason holds its last line only)."""
-    if KNOWN_FIX in (record.get("reason") or ""):
-        return ""
+    """`` Fix: ...``, the one step after a site's import failure: the install of a known cause's fix into
+    ``python`` (the interpreter asked about; a bare ``pip`` may be another environment's), else the import to make
+    succeed, which shows the whole error (the reason holds its last line only)."""
     import shlex
 
+    known = (record.get("reason") or "").partition(KNOWN_FIX)[2]
+    if known:
+        return " Fix: `%s`." % ("%s -m %s" % (shlex.quote(python), known) if python else known)
     return " Fix: make `%s -c %s` succeed (it shows the whole error)." % (
         shlex.quote(python or "python"), shlex.quote("import %s" % record["module"]))
 
@@ -395,7 +402,7 @@ def status_outcome(payload, error=None):
     broken = [r for r in sites if import_failed(r)]
     if broken:
         return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s cannot be imported (%s)%s.%s" % (
-            _site(broken[0]), broken[0]["reason"], " (and %d more)" % (len(broken) - 1) if len(broken) > 1 else "",
+            _site(broken[0]), import_error(broken[0]), " (and %d more)" % (len(broken) - 1) if len(broken) > 1 else "",
             import_fix(broken[0], python)))
     # 7. Every installed site is patched, guarded or fixed upstream.
     active, _ = fresh.startup_hook(payload["facts"])

@@ -256,8 +256,10 @@ def test_an_import_failure_names_its_fix_not_the_details_of_a_self_test():
     assert out.reason.endswith(". Fix: make `/venv/bin/python -c 'import %s'` succeed (it shows the whole error)."
                                % module), out.reason
     known = BROKEN_XLA + "; fix: pip install 'setuptools<81'"
-    out = check.decide([record(XLA_SITE, "failed", known)], events_of(event_site(FABRIC)), None)
-    assert out.reason == "COULD NOT VERIFY: %s cannot be imported (%s)." % (XLA_SITE, known), out.reason
+    out = check.decide([record(XLA_SITE, "failed", known)], events_of(event_site(FABRIC)), None,
+                       python="/venv/bin/python")
+    assert out.reason == ("COULD NOT VERIFY: %s cannot be imported (%s). Fix: `/venv/bin/python -m pip install "
+                          "'setuptools<81'`." % (XLA_SITE, BROKEN_XLA)), out.reason
     out = check.decide([], {"sites": [], "error": "boom"}, None)
     assert out.reason.endswith("What you can do: %s." % check._WHAT_TO_DO), out.reason
 

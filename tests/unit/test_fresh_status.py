@@ -406,7 +406,9 @@ def test_status_rules_for_uncovered_steps_and_import_failures():
                                              "lightning_fabric.plugins.precision.xla'` succeed (it shows the whole "
                                              "error).")
     known = payload([record("failed", reason=report.IMPORT_FAILED + "ImportError: numpy; fix: pip install 'numpy<2'")])
-    assert report.status_outcome(known)[2].endswith("; fix: pip install 'numpy<2').")  # the one fix: the known one
+    # the one fix, the known one, installed into the interpreter asked about (a bare pip may be another's)
+    assert report.status_outcome(known)[2].endswith("(import failed: ImportError: numpy). Fix: `/venv/bin/python -m "
+                                                    "pip install 'numpy<2'`."), report.status_outcome(known)[2]
     events = {"sites": [{"site": "m:C.step", "ok": True, "verdict": "patched", "events": []}]}
     out = check.decide([], events, None, installed=1, uncovered="/x/a.py:3 holds one")
     assert (out.name, out.reason) == ("could not verify", "COULD NOT VERIFY: /x/a.py:3 holds one")
@@ -718,9 +720,10 @@ def test_a_framework_that_cannot_be_imported_could_not_verify_naming_the_error_a
     # a site module whose file the release does not hold is not in it (its neighbour's file is there)
     xla = [r for r in out["sites"] if r["module"] == "pytorch_lightning.plugins.precision.xla"]
     assert xla and {r["verdict"] for r in xla} == {"not in this release"}, xla
-    if fix:
-        assert "fix: %s" % fix in out["reason"], out["reason"]
-        assert "Fix:" not in out["reason"], out["reason"]  # one fix named, the known one
+    if fix:  # the rows say the fix; the outcome names it once, for the interpreter asked about
+        assert all(r["reason"].endswith("; fix: %s" % fix) for r in rows), rows
+        assert out["reason"].endswith("Fix: `%s -m %s`." % (sys.executable, fix)), out["reason"]
+        assert out["reason"].count("setuptools<81") == 1, out["reason"]
     else:  # no known cause: the import that shows the whole error, in the interpreter asked about
         assert "fix:" not in out["reason"], out["reason"]
         assert out["reason"].endswith("Fix: make `%s -c 'import pytorch_lightning.plugins.precision.tpu'` succeed (it shows "
