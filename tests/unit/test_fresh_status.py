@@ -775,3 +775,14 @@ def test_the_sync_check_line_with_the_hook_inactive_says_it_is_not_armed_there(m
     line = report._sync_check_line(hook_inactive=True)
     assert line.startswith("zero-code sync check: not armed (start-up hook inactive:") and len(line) <= 120
     assert "start-up hook inactive" not in report._sync_check_line()  # the twin: this process, where it is asked
+
+
+def test_status_read_by_a_reader_that_leaves_early_prints_no_traceback(tmp_path):
+    """``tpu-closure-fix status | head -1``: the reader closes the pipe before the table is written. No traceback
+    on stderr (it was a BrokenPipeError's), and the exit a shell reports for SIGPIPE (128 + 13)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tpu_closure_fix", "status", "--all"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=REPO), cwd=str(tmp_path))
+    proc.stdout.close()  # the reader is gone before the first line
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=600) == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
