@@ -536,6 +536,9 @@ def test_an_interpreter_that_could_not_report_names_one_fix_for_each_cause(tmp_p
     run = SimpleNamespace(argv=["x"], stdout="", stderr="")
     assert fresh.unreported_fix("/old/python", run, version=(3, 7)) == (
         "train and check with a Python 3.8 or newer: /old/python is Python 3.7, which tpu-closure-fix does not run on")
+    oldest = fresh.unreported_fix("/py38/python", run, version=(3, 8))  # the oldest supported: its output is kept
+    assert oldest.startswith("read its whole output"), oldest
+    os.remove(oldest.split("`cat ")[1].rstrip("`"))
     failing = _wrapper(tmp_path, "echo 'Traceback (most recent call last):' >&2; echo 'the first line' >&2; "
                                  "echo 'RuntimeError: the cause' >&2; exit 1")
     proc = cli("status", "--python", failing, "--json", cwd=str(tmp_path))
