@@ -15,7 +15,7 @@ release range x verdict: consecutive rows of one package with the same verdict
 merged into one range, and how many matrix targets passed on them).
 
 One row per entry of ``tpu_closure_fix.sites.CALL_SITES``: release range,
-call site (module:Class.method), verdict (patched / fixed upstream / inherits),
+call site (module:Class.method), verdict (patched / fixed upstream, an inheriting subclass: its base's, via it),
 fix strategy (``fix.describe()``), and which matrix targets verified it and
 what was verified. The matrix results come from ``docs/matrix-results.json``
 (committed; a trimmed copy of ``results/matrix.json`` written by
@@ -101,13 +101,34 @@ def load_results(path):
 
 # --------------------------------------------------------------------------- table
 def verdict_of(site):
+    """The verdict word ``status`` prints for the row's site: ``patched`` or ``fixed upstream``; a subclass that
+    inherits the method gets its base's, with the ``via`` its reason names (status: "patched (via Base.method)")."""
     if site.inherits:
-        return "inherits `%s`" % site.inherits
+        bases = {verdict_of(base) for base in _bases_of(site)}
+        word = bases.pop() if len(bases) == 1 else "as its base"
+        return "%s (via `%s`)" % (word, site.inherits)
     return "patched" if site.fix is not None else "fixed upstream"
+
+
+def _release_key(text):
+    return tuple(int(part) if part.isdigit() else 0 for part in (text or "0").split("."))
+
+
+def _bases_of(site):
+    """The rows of the method ``site`` inherits (same package) whose releases start inside the site's range."""
+    from tpu_closure_fix.sites import CALL_SITES
+
+    lower, upper = _bounds(site.releases)
+    low, high = _release_key(lower), _release_key(upper) if upper else None
+    return [base for base in CALL_SITES if base.package == site.package and base.qualname == site.inherits
+            and not base.inherits and low <= _release_key(_bounds(base.releases)[0])
+            and (high is None or _release_key(_bounds(base.releases)[0]) < high)]
 
 
 def strategy_of(site):
     if site.inherits:
+        if {verdict_of(base) for base in _bases_of(site)} == {"fixed upstream"}:
+            return "none: the base method's upstream fix, verified, never touched"
         return "covered by the patch of the base method"
     if site.fix is None:
         return "none: code shape verified, never touched"

@@ -148,8 +148,10 @@ def _fix(unprotected, reasons):
 
 
 def _not_verified_reasons(events, graph, graph_unavailable, import_failures=()):
+    from .report import import_error
+
     reasons = [("%s:%s" % (r["module"], r["method"]),
-                "%s:%s cannot be imported (%s)" % (r["module"], r["method"], r["reason"])) for r in import_failures]
+                "%s:%s cannot be imported (%s)" % (r["module"], r["method"], import_error(r))) for r in import_failures]
     if events.get("error"):
         reasons.append(("self-test", "the event-order self-test failed: %s" % events["error"]))
     for site in events.get("sites", []):
@@ -173,6 +175,17 @@ def _not_verified_reasons(events, graph, graph_unavailable, import_failures=()):
     return reasons
 
 
+def _next_step(reasons, import_failures, python):
+    """What follows a COULD NOT VERIFY: for a first reason that is an import failure, the step that fixes it (the
+    fix its reason names where the cause is known, else the import to make succeed); else where the details are."""
+    from .report import import_fix
+
+    failed = {"%s:%s" % (r["module"], r["method"]): r for r in import_failures}
+    if reasons[0][0] in failed:
+        return import_fix(failed[reasons[0][0]], python)
+    return " What you can do: %s." % _WHAT_TO_DO
+
+
 def _untested(events, graph):
     """Protected sites no self-test covers (no driver), from both self-tests, each once."""
     seen, entries = set(), []
@@ -183,7 +196,8 @@ def _untested(events, graph):
     return entries
 
 
-def decide(unprotected, events, graph, graph_unavailable=None, installed=None, startup_gap=None, uncovered=None):
+def decide(unprotected, events, graph, graph_unavailable=None, installed=None, startup_gap=None, uncovered=None,
+           python=None):
     """The outcome of a check.
 
     ``unprotected``: status records of installed sites that run the buggy code (a site whose module failed
@@ -193,7 +207,8 @@ def decide(unprotected, events, graph, graph_unavailable=None, installed=None, s
     could not start, or None; ``installed``: how many call sites the fresh interpreter has installed
     (None: not known); ``startup_gap``: why its start-up hook leaves installed sites unpatched, or None
     (:func:`tpu_closure_fix.report.startup_gap`); ``uncovered``: why an installed framework's XLA
-    optimizer step has no row, or None (:func:`tpu_closure_fix.report.uncovered_reason`).
+    optimizer step has no row, or None (:func:`tpu_closure_fix.report.uncovered_reason`); ``python``: the
+    interpreter asked about (the import a fix names runs there).
     """
     from .report import import_failed
 
@@ -219,7 +234,8 @@ def decide(unprotected, events, graph, graph_unavailable=None, installed=None, s
     # 5. A self-test or an import failed, or a site has no self-test and nothing else was tested.
     if reasons:
         return Outcome(NOT_VERIFIED, EXIT_CODES[NOT_VERIFIED],
-                       "COULD NOT VERIFY: %s. What you can do: %s." % (_first_and_more(reasons), _WHAT_TO_DO))
+                       "COULD NOT VERIFY: %s.%s" % (_first_and_more(reasons), _next_step(reasons, import_failures,
+                                                                                          python)))
     # 6. Protected: every installed site patched, guarded or fixed upstream, and every self-test right.
     untested = _untested(events, graph)
     # Each site once, whichever self-test saw it: the graph child may import what this process has
@@ -290,7 +306,8 @@ def run(args):
         events = eventcheck.run_event_check(timeout=args.timeout, python=args.python)
         graph, graph_unavailable = _run_graph(args)
     outcome = decide(unprotected, events, graph, graph_unavailable, installed=len(report.installed(records)),
-                     startup_gap=gap, uncovered=report.uncovered_reason(payload))
+                     startup_gap=gap, uncovered=report.uncovered_reason(payload),
+                     python=payload["facts"].get("executable"))
     return _print_result(args, outcome, report.status_json(payload, error), events, graph, graph_unavailable)
 
 

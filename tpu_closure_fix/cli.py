@@ -85,6 +85,20 @@ def main(argv=None):
     except KeyboardInterrupt:  # the children are ended on the way out (verify.child.run_children)
         sys.stderr.write("tpu-closure-fix %s: interrupted\n" % args.command)
         return 130
+    except BrokenPipeError:  # the reader left (`status | head`): no traceback; the exit a shell gives on SIGPIPE
+        _stdout_to_devnull()
+        return 128 + 13
+
+
+def _stdout_to_devnull():
+    """Point stdout at /dev/null, so that flushing it at interpreter exit raises no second BrokenPipeError."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor (a replaced stdout): nothing left to flush to a pipe
+        pass
 
 
 def _sigterm_unwinds():

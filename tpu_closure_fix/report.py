@@ -14,6 +14,8 @@ FIELDS = ("distribution", "release", "module", "method", "verdict", "reason", "v
 #: How the reason of a ``failed`` site whose module could not be imported starts: its code cannot run at
 #: all, so it runs no order, buggy or fixed (``check`` answers "could not verify" for it).
 IMPORT_FAILED = "import failed: "
+#: What precedes the fix of an import failure whose cause is known (:func:`known_fix`) in a site's reason.
+KNOWN_FIX = "; fix: "
 
 
 def _installed(package):
@@ -169,7 +171,7 @@ def _package_import_error(package):
 def _import_failed(exc):
     """A failed site's reason: :data:`IMPORT_FAILED`, the exception line and, where the cause is known, its fix."""
     fix = known_fix(exc)
-    return IMPORT_FAILED + _exception_line(exc) + ("; fix: %s" % fix if fix else "")
+    return IMPORT_FAILED + _exception_line(exc) + (KNOWN_FIX + fix if fix else "")
 
 
 def known_fix(exc, numpy_release=None):
@@ -187,6 +189,24 @@ def known_fix(exc, numpy_release=None):
         if release and release.split(".")[0].isdigit() and int(release.split(".")[0]) >= 2:
             return "pip install 'numpy<2'"
     return None
+
+
+def import_error(record):
+    """A failed site's reason without the fix of a known cause (:func:`import_fix` names it, for the interpreter)."""
+    return (record.get("reason") or "").split(KNOWN_FIX, 1)[0]
+
+
+def import_fix(record, python):
+    """`` Fix: ...``, the one step after a site's import failure: the install of a known cause's fix into
+    ``python`` (the interpreter asked about; a bare ``pip`` may be another environment's), else the import to make
+    succeed, which shows the whole error (the reason holds its last line only)."""
+    import shlex
+
+    known = (record.get("reason") or "").partition(KNOWN_FIX)[2]
+    if known:
+        return " Fix: `%s`." % ("%s -m %s" % (shlex.quote(python), known) if python else known)
+    return " Fix: make `%s -c %s` succeed (it shows the whole error)." % (
+        shlex.quote(python or "python"), shlex.quote("import %s" % record["module"]))
 
 
 def _exception_line(exc):
@@ -242,6 +262,7 @@ def render_table(records, show_all=False):
     # (the reasons wrap below them), so that site names keep what room there is
     full = max(len(c[3]) + (len(c[4]) + 3 if c[4] else 0) for c in cells)
     verdict_room = full if full <= VERDICT_ROOM else max(len(c[3]) for c in cells)
+    verdict_room = max(verdict_room, len(header[3]))  # the heading's own word: a verdict shorter than it ("failed")
     site_cap = max(len(header[2]), WIDTH - verdict_room - sum(widths) - 6)
     widths.append(max([len(header[2])] + [min(len(c[2]), site_cap) for c in cells]))
 
@@ -297,6 +318,15 @@ def startup_gap(payload):
                                                                    install.startup_fix(payload["facts"])))
 
 
+def unlisted_fix(facts):
+    """The step after an interpreter that started but whose copy of the shim failed to list the sites: its own
+    copy (another release) or the one lent to it. Installing this release there gives it one that lists them."""
+    command = install.install_command(facts.get("executable"))
+    if facts.get("shim_origin"):  # its own copy, installed: replaced, files and all
+        command = command.replace(" -m pip install ", " -m pip install --force-reinstall ", 1)
+    return "install this release of tpu-closure-fix into it: `%s`" % command
+
+
 def _some(names, shown=3):
     names = list(names)
     return ", ".join(names[:shown]) + (" and %d more" % (len(names) - shown) if len(names) > shown else "")
@@ -336,14 +366,18 @@ def status_outcome(payload, error=None):
 
     # 1. The fresh interpreter gave no records: nothing is known about it.
     if payload is None or "records" not in payload:
-        why = error or (payload or {}).get("facts", {}).get("error") or "no report"
-        return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s." % why)
+        facts = (payload or {}).get("facts") or {}
+        if error or not facts.get("error"):  # the error names its fix (verify.fresh.run_status)
+            return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s." % (error or "no report"))
+        return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s could not list its sites (%s). Fix: %s." % (
+            facts.get("executable"), facts["error"], unlisted_fix(facts)))
     python = payload["facts"].get("executable")
     # 2. A framework in the training script's directory is what a script run from there imports: the child never
     #    searched that directory, so no verdict is about it.
     beside = payload.get("beside_script") or {}
     if beside.get("found"):
-        return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s." % script_dir.reason(beside["found"], beside["directory"]))
+        return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s." % script_dir.reason(beside["found"],
+                                                                                beside["directory"], python))
     sites = installed(payload["records"])
     # 3. No site the shim covers is installed and no uncovered XLA step found: said as such, never "protected".
     if not sites and not uncovered_reason(payload):
@@ -367,8 +401,9 @@ def status_outcome(payload, error=None):
         return outcome(NOT_VERIFIED, "COULD NOT VERIFY: " + unknown)
     broken = [r for r in sites if import_failed(r)]
     if broken:
-        return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s cannot be imported (%s)%s." % (
-            _site(broken[0]), broken[0]["reason"], " (and %d more)" % (len(broken) - 1) if len(broken) > 1 else ""))
+        return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s cannot be imported (%s)%s.%s" % (
+            _site(broken[0]), import_error(broken[0]), " (and %d more)" % (len(broken) - 1) if len(broken) > 1 else "",
+            import_fix(broken[0], python)))
     # 7. Every installed site is patched, guarded or fixed upstream.
     active, _ = fresh.startup_hook(payload["facts"])
     hook = {True: "start-up hook active", False: "start-up hook inactive, no site needs it",

@@ -123,6 +123,7 @@ def test_the_release_without_pkg_resources_could_not_verify_naming_the_pin(tmp_p
                               timeout=600, cwd=TESTS)
         out = json.loads(proc.stdout)
         assert (proc.returncode, out["outcome"]) == (3, "could not verify"), out["reason"]
-        assert "No module named 'pkg_resources'; fix: pip install 'setuptools<81'" in out["reason"], out["reason"]
+        assert "(import failed: ModuleNotFoundError: No module named 'pkg_resources')" in out["reason"], out["reason"]
+        assert out["reason"].endswith(". Fix: `%s -m pip install 'setuptools<81'`." % sys.executable), out["reason"]
         failed = [r for r in out["sites"] if r["verdict"] == "failed"]
         assert failed and not [r for r in out["sites"] if r["verdict"] in ("skipped", "patched")], out["sites"]

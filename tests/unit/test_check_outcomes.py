@@ -247,6 +247,23 @@ def test_a_site_that_cannot_be_imported_is_could_not_verify_naming_the_error():
     assert out.reason.startswith("COULD NOT VERIFY: %s cannot be imported (%s)" % (XLA_SITE, BROKEN_XLA))
 
 
+def test_an_import_failure_names_its_fix_not_the_details_of_a_self_test():
+    """The next step of a site that cannot be imported: the import that shows the whole error, in the interpreter
+    asked about; with a known cause, that cause's fix alone. A self-test's failure keeps pointing at --json."""
+    module = XLA_SITE.split(":")[0]
+    out = check.decide([record(XLA_SITE, "failed", BROKEN_XLA)], events_of(event_site(FABRIC)), None,
+                       python="/venv/bin/python")
+    assert out.reason.endswith(". Fix: make `/venv/bin/python -c 'import %s'` succeed (it shows the whole error)."
+                               % module), out.reason
+    known = BROKEN_XLA + "; fix: pip install 'setuptools<81'"
+    out = check.decide([record(XLA_SITE, "failed", known)], events_of(event_site(FABRIC)), None,
+                       python="/venv/bin/python")
+    assert out.reason == ("COULD NOT VERIFY: %s cannot be imported (%s). Fix: `/venv/bin/python -m pip install "
+                          "'setuptools<81'`." % (XLA_SITE, BROKEN_XLA)), out.reason
+    out = check.decide([], {"sites": [], "error": "boom"}, None)
+    assert out.reason.endswith("What you can do: %s." % check._WHAT_TO_DO), out.reason
+
+
 def test_an_import_failure_does_not_hide_a_site_that_runs_the_buggy_order():
     out = check.decide([record(XLA_SITE, "failed", BROKEN_XLA), record(FABRIC, "disabled", "TPU_CLOSURE_FIX=0")],
                        events_of(event_site(FABRIC, "disabled", BUGGY_ORDER, ok=False)), None)

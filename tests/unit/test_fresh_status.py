@@ -94,7 +94,14 @@ def payload(records, **fact_changes):
 def test_status_without_a_report_could_not_verify():
     assert report.status_outcome(None, "boom")[:2] == ("could not verify", 3)
     failed = {"facts": facts(error="ImportError: wrapt")}
-    assert report.status_outcome(failed) == ("could not verify", 3, "COULD NOT VERIFY: ImportError: wrapt.")
+    name, code, reason = report.status_outcome(failed)
+    assert (name, code) == ("could not verify", 3), reason
+    # its own copy failed to list the sites: the fix installs this release there, files and all
+    assert reason.startswith("COULD NOT VERIFY: /venv/bin/python could not list its sites (ImportError: wrapt). "
+                             "Fix: install this release of tpu-closure-fix into it: `/venv/bin/python -m pip install "
+                             "--force-reinstall "), reason
+    lent = {"facts": facts(error="ImportError: wrapt", shim_origin=None)}
+    assert "`/venv/bin/python -m pip install /" in report.status_outcome(lent)[2]  # nothing of its own to replace
 
 
 def test_status_with_nothing_installed_says_so_and_exits_0():
@@ -395,7 +402,13 @@ def test_status_rules_for_uncovered_steps_and_import_failures():
     broken = payload([record("failed", reason=report.IMPORT_FAILED + "ImportError: numpy")])
     assert report.status_outcome(broken) == ("could not verify", 3, "COULD NOT VERIFY: lightning_fabric.plugins."
                                              "precision.xla:XLAPrecision.optimizer_step cannot be imported (import "
-                                             "failed: ImportError: numpy).")
+                                             "failed: ImportError: numpy). Fix: make `/venv/bin/python -c 'import "
+                                             "lightning_fabric.plugins.precision.xla'` succeed (it shows the whole "
+                                             "error).")
+    known = payload([record("failed", reason=report.IMPORT_FAILED + "ImportError: numpy; fix: pip install 'numpy<2'")])
+    # the one fix, the known one, installed into the interpreter asked about (a bare pip may be another's)
+    assert report.status_outcome(known)[2].endswith("(import failed: ImportError: numpy). Fix: `/venv/bin/python -m "
+                                                    "pip install 'numpy<2'`."), report.status_outcome(known)[2]
     events = {"sites": [{"site": "m:C.step", "ok": True, "verdict": "patched", "events": []}]}
     out = check.decide([], events, None, installed=1, uncovered="/x/a.py:3 holds one")
     assert (out.name, out.reason) == ("could not verify", "COULD NOT VERIFY: /x/a.py:3 holds one")
@@ -499,6 +512,47 @@ def test_a_hook_gap_never_counts_sites_that_cannot_be_imported():
     unpatched = record("unpatched", method="Other.step", reason=report.HOOK_INACTIVE)
     name, code, reason = report.status_outcome(payload([broken, unpatched], **target))
     assert (name, code) == ("unprotected", 1) and "runs 1 affected site(s) unpatched" in reason, reason
+
+
+def _wrapper(tmp_path, when_versioned):
+    """An executable that answers the version question as this Python does and, asked anything else, runs
+    ``when_versioned`` (shell)."""
+    path = tmp_path / "python"
+    path.write_text("#!/bin/sh\nif [ \"$1\" = -S ]; then exec %s \"$@\"; fi\n%s\n" % (sys.executable, when_versioned))
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_an_interpreter_that_could_not_report_names_one_fix_for_each_cause(tmp_path):
+    """Not a Python: give --python one; a Python too old: train with a newer one; a Python 3.8+ that failed: the
+    file holding its whole output (the reason shows only its last error line)."""
+    not_python_text = str(tmp_path / "tool")
+    with open(not_python_text, "w") as handle:
+        handle.write("#!/bin/sh\necho hello\n")
+    os.chmod(not_python_text, 0o755)
+    reason = json.loads(cli("status", "--python", not_python_text, "--json", cwd=str(tmp_path)).stdout)["reason"]
+    assert reason.endswith("Fix: give --python the python of the environment that trains, a Python 3.8 or newer (%s "
+                           "states no Python version)." % not_python_text), reason
+    run = SimpleNamespace(argv=["x"], stdout="", stderr="")
+    assert fresh.unreported_fix("/old/python", run, version=(3, 7)) == (
+        "train and check with a Python 3.8 or newer: /old/python is Python 3.7, which tpu-closure-fix does not run on")
+    oldest = fresh.unreported_fix("/py38/python", run, version=(3, 8))  # the oldest supported: its output is kept
+    assert oldest.startswith("read its whole output"), oldest
+    os.remove(oldest.split("`cat ")[1].rstrip("`"))
+    failing = _wrapper(tmp_path, "echo 'Traceback (most recent call last):' >&2; echo 'the first line' >&2; "
+                                 "echo 'RuntimeError: the cause' >&2; exit 1")
+    proc = cli("status", "--python", failing, "--json", cwd=str(tmp_path))
+    reason = json.loads(proc.stdout)["reason"]
+    assert proc.returncode == 3 and "could not report: exited with code 1: RuntimeError: the cause. Fix: read its " \
+        "whole output" in reason, reason
+    log = reason.split("`cat ")[1].split("`")[0]
+    try:
+        with open(log) as handle:
+            kept = handle.read()
+        assert "the first line" in kept and "RuntimeError: the cause" in kept, kept
+        assert os.stat(log).st_mode & 0o077 == 0  # private: it may hold paths of the environment
+    finally:
+        os.remove(log)
 
 
 def test_an_interpreter_that_cannot_start_could_not_verify_exit_3(tmp_path):
@@ -669,10 +723,14 @@ def test_a_framework_that_cannot_be_imported_could_not_verify_naming_the_error_a
     # a site module whose file the release does not hold is not in it (its neighbour's file is there)
     xla = [r for r in out["sites"] if r["module"] == "pytorch_lightning.plugins.precision.xla"]
     assert xla and {r["verdict"] for r in xla} == {"not in this release"}, xla
-    if fix:
-        assert "fix: %s" % fix in out["reason"], out["reason"]
-    else:
+    if fix:  # the rows say the fix; the outcome names it once, for the interpreter asked about
+        assert all(r["reason"].endswith("; fix: %s" % fix) for r in rows), rows
+        assert out["reason"].endswith("Fix: `%s -m %s`." % (sys.executable, fix)), out["reason"]
+        assert out["reason"].count("setuptools<81") == 1, out["reason"]
+    else:  # no known cause: the import that shows the whole error, in the interpreter asked about
         assert "fix:" not in out["reason"], out["reason"]
+        assert out["reason"].endswith("Fix: make `%s -c 'import pytorch_lightning.plugins.precision.tpu'` succeed (it shows "
+                                      "the whole error)." % sys.executable), out["reason"]
 
 
 @pytest.mark.parametrize("given, activated", [(facts(), True), (facts(switch="0", startup_armed=False), True),
@@ -720,3 +778,14 @@ def test_the_sync_check_line_with_the_hook_inactive_says_it_is_not_armed_there(m
     line = report._sync_check_line(hook_inactive=True)
     assert line.startswith("zero-code sync check: not armed (start-up hook inactive:") and len(line) <= 120
     assert "start-up hook inactive" not in report._sync_check_line()  # the twin: this process, where it is asked
+
+
+def test_status_read_by_a_reader_that_leaves_early_prints_no_traceback(tmp_path):
+    """``tpu-closure-fix status | head -1``: the reader closes the pipe before the table is written. No traceback
+    on stderr (it was a BrokenPipeError's), and the exit a shell reports for SIGPIPE (128 + 13)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tpu_closure_fix", "status", "--all"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=REPO), cwd=str(tmp_path))
+    proc.stdout.close()  # the reader is gone before the first line
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=600) == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr

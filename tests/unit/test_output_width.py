@@ -187,3 +187,26 @@ def test_a_table_keeps_short_reasons_on_their_rows_and_long_ones_below_full_site
     assert "%s:%s  skipped" % FABRIC in lines[2], lines  # the site is not elided; the reason wraps below
     assert " ".join(" ".join(lines[2:]).split()).endswith("skipped (%s)" % LONG_REASON)
     assert len(lines) > 3 and all(len(line) <= WIDTH for line in lines), lines
+
+
+@pytest.mark.parametrize("case", sorted(STATUS_CASES))
+def test_every_table_line_fits_before_the_outcome_is_wrapped(case):
+    """The table fits on its own: its heading and rule are never wrapped by the outcome's wrapping (a heading
+    broken after ``site`` puts ``verdict`` on a line of its own, above no column)."""
+    given, _, show_all = STATUS_CASES[case]
+    if not given:
+        return
+    table = report.render_table(given["records"], show_all=show_all)
+    assert widest(table) <= WIDTH, "%s: a line of %d columns:\n%s" % (case, widest(table), table)
+
+
+@pytest.mark.parametrize("verdict", ["failed", "patched", "disabled"])
+def test_the_heading_holds_every_column_whatever_the_verdicts_width(verdict):
+    """Every verdict shorter than the word ``verdict`` (pytorch-lightning 1.8.6 without pkg_resources: every row
+    ``failed`` with a long reason): the heading and its rule still fit one line each."""
+    rows = [record(verdict, LONGEST, report.IMPORT_FAILED + LONG_REASON, distribution="lightning-lite | "
+                   "pytorch-lightning", release="-")]
+    lines = report.render_table(rows).splitlines()
+    assert lines[0].split() == ["distribution", "release", "site", "verdict"], lines[:2]
+    assert len(lines[0]) <= WIDTH and len(lines[1]) <= WIDTH, lines[:2]
+    assert len(lines[1].split()) == 4 and lines[1].split()[-1] == "-" * 7, lines[:2]

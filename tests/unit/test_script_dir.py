@@ -95,6 +95,11 @@ def test_the_outcome_with_a_framework_beside_the_script_is_could_not_verify():
     assert (name, code) == ("could not verify", 3)
     assert reason.startswith("COULD NOT VERIFY: pytorch_lightning 1.0.8 at /work/pytorch_lightning is what a script "
                              "run from /work imports"), reason
+    # one fix, runnable as printed: that release installed into the interpreter asked about, the folder moved away
+    assert reason.endswith(" Fix: install it into the interpreter, `/venv/bin/python -m pip install "
+                           "pytorch-lightning==1.0.8`, and move /work/pytorch_lightning out of /work."), reason
+    unknown = [dict(found[0], release=None)]  # no release read: the newest verified range of its rows
+    assert "`/venv/bin/python -m pip install 'pytorch-lightning>=" in report.status_outcome(_payload(unknown))[2]
     # the twin: nothing there, and nothing installed: nothing to protect
     assert report.status_outcome(_payload([]))[:2] == ("nothing to protect", 0)
 

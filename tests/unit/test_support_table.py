@@ -171,3 +171,23 @@ def test_each_summary_verdict_is_the_word_status_prints_for_its_sites():
         verdict = script._summary_verdict(site)
         expected = "fixed upstream" if site.fix is None else "patched"
         assert expected in verdict and "guarded" not in verdict.split("(")[0], (site.variant, verdict)
+
+
+def test_an_inheriting_row_says_its_base_s_verdict_via_the_base_as_status_does():
+    """status prints a subclass that inherits the method with its base's verdict and ``via`` the base (``patched
+    (via ...TPUPrecisionPlugin.optimizer_step)``, ``fixed upstream (via ...)`` from 1.9): so does docs/support.md,
+    never a word status does not print ("inherits")."""
+    from tpu_closure_fix.sites import CALL_SITES
+
+    script = _script()
+    inheriting = [site for site in CALL_SITES if site.inherits]
+    assert inheriting
+    for site in inheriting:
+        bases = script._bases_of(site)
+        assert bases, site.variant
+        expected = "fixed upstream" if all(base.fix is None for base in bases) else "patched"
+        assert script.verdict_of(site) == "%s (via `%s`)" % (expected, site.inherits), site.variant
+        untouched = script.strategy_of(site).startswith("none:")
+        assert untouched == (expected == "fixed upstream"), (site.variant, script.strategy_of(site))
+    words = {script.verdict_of(site).split(" (")[0] for site in inheriting}
+    assert words == {"patched", "fixed upstream"}, words  # both kinds are in the table

@@ -168,10 +168,56 @@ def run_status(python=None, flags=None, timeout=TIMEOUT, script=None):
     with _lent_folder() as lent:
         run = child.run_child(command(python, flags, lent), timeout, env=child.safe_environment())
     if run.payload is None:
-        return None, "%s could not report: %s" % (python or sys.executable, run.error or run.stderr_tail())
+        asked = python or sys.executable
+        return None, "%s could not report: %s. Fix: %s" % (asked, run.error or run.stderr_tail(),
+                                                           unreported_fix(asked, run))
     if "records" in run.payload:
         run.payload["beside_script"] = _beside_script(run.payload, flags, script)
     return run.payload, None
+
+
+#: The oldest Python tpu-closure-fix runs on (pyproject.toml's requires-python).
+OLDEST = (3, 8)
+#: A program that states the interpreter's version and imports nothing (run with ``-S``: not even ``site``).
+_VERSION_CODE = "import sys; print('%d.%d' % sys.version_info[:2])"
+
+
+def version_of(python):
+    """``(major, minor)`` of the interpreter ``python``, or None when it states none (not a Python, or broken)."""
+    import subprocess
+
+    try:
+        out = subprocess.run([python, "-S", "-c", _VERSION_CODE], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             env=child.safe_environment(), timeout=60, universal_newlines=True).stdout
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    parts = out.strip().split(".")
+    if len(parts) != 2 or not all(part.isdigit() for part in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def unreported_fix(python, run, version=None):
+    """The one step after an interpreter that could not report (``run``: its :class:`.child.ChildRun`): give
+    ``--python`` a Python the project runs on, where ``python`` is none; else read the child's whole output,
+    kept in a private log file (the error named is its last line)."""
+    version = version or version_of(python)
+    if version is None:
+        return ("give --python the python of the environment that trains, a Python %d.%d or newer (%s states no "
+                "Python version)" % (OLDEST + (python,)))
+    if version < OLDEST:
+        return ("train and check with a Python %d.%d or newer: %s is Python %d.%d, which tpu-closure-fix does not "
+                "run on" % (OLDEST + (python,) + version))
+    return "read its whole output, the error's cause above its last line: `cat %s`" % _keep_output(run)
+
+
+def _keep_output(run):
+    """The path of a new private file (mode 0600) holding ``run``'s stdout and stderr."""
+    handle, path = tempfile.mkstemp(prefix="tpu-closure-fix-status-", suffix=".log")
+    with os.fdopen(handle, "w") as out:
+        out.write("$ %s\n--- stdout\n%s\n--- stderr\n%s\n" % (" ".join(run.argv[:1]) + " -c ...",
+                                                                  run.stdout or "", run.stderr or ""))
+    return path
 
 
 def _beside_script(payload, flags, script):

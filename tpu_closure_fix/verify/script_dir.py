@@ -122,12 +122,32 @@ def shadowing(directory, packages, origins):
             if not _same_files(path, origins.get(package))]
 
 
-def reason(found, directory):
-    """The COULD NOT VERIFY reason naming the first package found (and how many more), with what to do."""
+def reason(found, directory, python=None):
+    """The COULD NOT VERIFY reason naming the first package found (and how many more), with the one fix: that
+    release installed into ``python`` (the interpreter asked about), where status can judge it, and the folder
+    moved out of the script's way."""
     first = found[0]
     more = " (and %d more)" % (len(found) - 1) if len(found) > 1 else ""
     release = " %s" % first["release"] if first["release"] else ""
     return ("%s%s at %s%s is what a script run from %s imports (Python searches the script's directory first); "
-            "status never runs code from there. Fix: install that release into the interpreter and move the "
-            "folder away, or name the script with --script" % (first["package"], release, first["path"], more,
-                                                              directory))
+            "status never runs code from there (a script elsewhere: name it with --script). Fix: install it into the "
+            "interpreter, `%s`, and move %s out of %s" % (first["package"], release, first["path"], more, directory,
+                                                          install_command(first, python), first["path"], directory))
+
+
+def install_command(found, python=None):
+    """``PYTHON -m pip install '<distribution>==<release>'`` of a package found in the script's directory (its
+    distribution: the call-site table's for that package); without a release read, the newest verified range."""
+    import shlex
+
+    from .. import install
+    from ..sites import CALL_SITES
+
+    rows = [row for row in CALL_SITES if row.package == found["package"]]
+    if found.get("release") and rows:
+        name = rows[0].distribution.split(" | ")[0].split(" (")[0]
+        command = "pip install %s" % shlex.quote("%s==%s" % (name, found["release"]))
+    else:
+        row = install.newest_row(found["package"])
+        command = install.pin_command(row) if row is not None else "pip install %s" % found["package"]
+    return "%s -m %s" % (shlex.quote(python), command) if python else command
