@@ -415,14 +415,14 @@ def fsdp(ctx):
 def pipeline(ctx):
     """(m) Pipeline parallelism on 2 ranks: rank 0 holds stage 0, rank 1 stage 1, layers of the same shapes
     (seeded per stage: they differ by design); activations and their gradients go point to point. Three
-    correct steps, each stage's optimizer stepping its own stage."""
+    correct steps (``--steps``), each stage's optimizer stepping its own stage."""
     import torch
     import torch.distributed as dist
 
     torch.manual_seed(100 + ctx.rank)
     stage = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
     optimizer = torch.optim.SGD(stage.parameters(), lr=0.1)
-    for step in range(1, 4):
+    for step in range(1, ctx.steps + 1):
         x, y = batch(0, step)
         optimizer.zero_grad()
         if ctx.rank == 0:
@@ -444,7 +444,7 @@ def pipeline(ctx):
 def zero(ctx):
     """(n) A ZeRO-1 style optimizer on 2 ranks: the model replicated, gradients all-reduced, an inner Adam
     stepping this rank's own flat shard of the parameters (equal sizes), the shards all-gathered back into
-    the model. Three correct steps."""
+    the model. ``--steps`` correct steps."""
     import torch
     import torch.distributed as dist
 
@@ -454,7 +454,7 @@ def zero(ctx):
     size = flat.numel() // ctx.world
     shard = torch.nn.Parameter(flat[ctx.rank * size:(ctx.rank + 1) * size].clone())
     inner = torch.optim.Adam([shard], lr=0.01)
-    for step in range(1, 4):
+    for step in range(1, ctx.steps + 1):
         model.zero_grad()
         torch.nn.functional.mse_loss(model(batch(ctx.rank, step)[0]), batch(ctx.rank, step)[1]).backward()
         all_reduce_grads(params, ctx.world)

@@ -10,6 +10,8 @@ test_synccheck_rules.py.
 """
 import importlib
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
@@ -44,7 +46,7 @@ def _finishes_with_one_note(runs):
 @needs_step_hooks
 @pytest.mark.parametrize("scenario", ["pipeline", "zero"])
 def test_a_correct_sharded_job_under_raise_finishes_on_every_rank(tmp_path, scenario):
-    runs = ranks.run_ranks(scenario, 2, tmp_path, env=ARMED)
+    runs = ranks.run_ranks(scenario, 2, tmp_path, env=ARMED, args=["--steps", "3"])
     _finishes_with_one_note(runs)
     for run in runs:  # one check, at step 0; then the stream had nothing left to compare
         assert run.hook["checks"] == 1 and run.hook["last_report"]["rule"] == "apart"
@@ -53,10 +55,16 @@ def test_a_correct_sharded_job_under_raise_finishes_on_every_rank(tmp_path, scen
 @needs_step_hooks
 @pytest.mark.parametrize("scenario", ["pipeline", "zero"])
 def test_twin_declared_world_the_same_job_is_a_divergence_raised_on_every_rank(tmp_path, scenario):
-    runs = ranks.run_ranks(scenario, 2, tmp_path, env=dict(ARMED, TPU_CLOSURE_FIX_SYNC_CHECK_GROUP="world"))
+    # the verdict comes off the training thread; every rank raises at an optimizer step they agreed on, a few
+    # steps on: the job runs long enough to reach it
+    runs = ranks.run_ranks(scenario, 2, tmp_path, env=dict(ARMED, TPU_CLOSURE_FIX_SYNC_CHECK_GROUP="world"),
+                           args=["--steps", "3000"])
+    steps = set()
     for run in runs:
         assert run.returncode == 3 and not run.timed_out, run.describe()
         assert run.failure.startswith("ReplicaDivergenceError") and "started different" in run.failure
+        steps.add(re.search(r"Raised at optimizer step (\d+)", run.failure).group(1))
+    assert len(steps) == 1, steps  # the same optimizer step on every rank
 
 
 # --------------------------------------------------------------------------- DDP on subgroups
