@@ -772,3 +772,38 @@ def test_the_api_decides_from_evidence_by_default(function):
     import inspect
 
     assert inspect.signature(function).parameters["replicas"].default == groups.AUTO
+
+
+# --------------------------------------------------------------------------- a check exchanged after its stream's first verdict
+def _prepared_then_exchanged(rule):
+    """Two thread-ranks whose models differ (no layout declared) prepare a check before their stream's first
+    verdict is known, as the zero-code hook's training thread does; the stream's first-check rule is then
+    ``rule`` (None: still undecided) when the worker exchanges it. The reports, by rank."""
+    world = ThreadWorld(2)
+    out, errors = [None, None], []
+
+    def rank_main(rank):
+        try:
+            stream = compare.Stream("settle", replicas=groups.AUTO)
+            pending = compare.prepare(model(seed=rank), 1, stream, channel=ThreadChannel(world, rank))
+            stream.rule = rule  # the first check's verdict, recorded meanwhile by the worker
+            out[rank] = compare.exchange(pending)
+        except Exception as exc:  # reported below, with the rank
+            errors.append((rank, exc))
+            world.barrier.abort()
+
+    run_threads(2, rank_main)
+    assert not errors, errors
+    return out
+
+
+def test_a_check_prepared_before_the_first_verdict_is_a_divergence_once_that_verdict_said_world():
+    """The first check found the tensors equal over the world: a later difference is a divergence (the closure
+    bug's signature: equal before the first update, different after it), never a second first-check note."""
+    assert [r.outcome for r in _prepared_then_exchanged(groups.RULE_WORLD)] == ["differ", "differ"]
+
+
+@pytest.mark.parametrize("rule", [None, groups.RULE_APART])
+def test_twin_undecided_or_apart_a_difference_is_never_a_divergence(rule):
+    reports = _prepared_then_exchanged(rule)
+    assert [r.outcome for r in reports] == ["unverified", "unverified"] and not any(r.diverged for r in reports)

@@ -610,3 +610,25 @@ def test_a_check_that_stands_down_is_said_once_per_optimizer_naming_it(handed):
     assert "at step 0: rank 0 reached it, rank 1 did not within 5s. Training goes on." in str(seen[0].message)
     step(optimizer)
     assert len(handed) == 2  # the stream stood down: no further check
+
+
+def test_checks_handed_over_before_a_first_check_that_left_nothing_to_compare_say_nothing_more(handed):
+    """A pipeline stage's optimizer: its first check finds no tensor to be a replica (said once); the check
+    fingerprinted after step 1, before that verdict came back, adds no second note."""
+    from tpu_closure_fix.synccheck import compare, groups
+
+    def apart(step_number):
+        return synccheck.SyncReport(step_number, 2, "torch.distributed", ["param_groups[0][0]"], outcome="unverified",
+                                    reason=compare._apart_reason(step_number, 1),
+                                    not_compared=[("param_groups[0][0]", groups.APART)], rule=groups.RULE_APART)
+
+    synchook.arm(1, "raise")
+    optimizer = sgd()
+    step(optimizer)  # the check before the update, and the one after step 1
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        handed[0].deliver(apart(0), None)
+        handed[1].deliver(apart(1), None)
+    assert len(seen) == 1 and "before the first update" in str(seen[0].message), [str(w.message) for w in seen]
+    step(optimizer)
+    assert len(handed) == 2  # the stream stood down: no further check
