@@ -444,16 +444,21 @@ def test_a_child_is_lent_only_the_shim():
 
 
 def _pythons_38():
-    """Interpreters of Python 3.8 on this machine (pyenv's, or python3.8 on PATH), never this one."""
+    """Interpreters of Python 3.8 on this machine (pyenv's, or python3.8 on PATH), never this one nor a launcher
+    script (pyenv's shims); none when this interpreter is a 3.8 itself (the test asks 3.8 from another version)."""
     import glob
     import shutil
 
+    if sys.version_info[:2] == (3, 8):
+        return []
     found = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python")))
     on_path = shutil.which("python3.8")
-    return [p for p in found + ([on_path] if on_path else []) if os.path.realpath(p) != os.path.realpath(sys.executable)]
+    return [p for p in found + ([on_path] if on_path else []) if os.path.realpath(p) != os.path.realpath(sys.executable)
+            and os.sep + "shims" + os.sep not in p]
 
 
-@pytest.mark.skipif(not _pythons_38(), reason="no Python 3.8 interpreter on this machine (pyenv or python3.8 on PATH)")
+@pytest.mark.skipif(not _pythons_38(), reason="no Python 3.8 interpreter on this machine other than this one (pyenv "
+                    "or python3.8 on PATH)")
 def test_python_at_3_8_from_this_interpreter_gets_a_verdict(tmp_path):
     """This interpreter's wrapt and packaging (lent before) do not run on 3.8: the child answered COULD NOT VERIFY
     (TypeError: unsupported operand type(s) for |). Lent the shim alone, a bare 3.8 gets its verdict."""

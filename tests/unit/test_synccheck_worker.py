@@ -1,7 +1,6 @@
 """The check's worker (tpu_closure_fix.synccheck.worker): its decision lines, and two thread-ranks sharing one
 in-memory store (torch's HashStore) whose workers agree, order and exchange checks the way processes do."""
 import threading
-import time
 
 import pytest
 
@@ -124,14 +123,15 @@ def test_checks_fingerprinted_in_opposite_orders_are_exchanged_alike():
 
 def test_a_check_one_rank_never_reaches_stands_down_naming_the_ranks_and_holds_no_other():
     """Rank 0 alone has check P (a probe); the check A both have is answered before P's deadline."""
-    started = time.monotonic()
-    outcomes = _run([["P", "A"], ["A"]], timeout=1.5)
+    # P's deadline leaves A room even on a loaded machine: A's answer coming first is what shows no wait
+    outcomes = _run([["P", "A"], ["A"]], timeout=8)
     zero, one = outcomes
     assert zero.reports["A/0"].outcome == one.reports["A/0"].outcome == "identical"
-    assert zero.stood_down == {"P/0": "rank 0 reached it, rank 1 did not within 1.5s (an optimizer stepped on some "
-                                      "ranks only, ranks out of step, or a rank gone)"}
+    # torch's stores without append() (before 2.x) cannot list who arrived: the message says less
+    who = "rank 0 reached it, rank 1 did not" if hasattr(dist.HashStore(), "append") else "not every rank reached it"
+    assert zero.stood_down == {"P/0": who + " within 8s (an optimizer stepped on some ranks only, ranks out of "
+                                            "step, or a rank gone)"}
     assert zero.events == ["A/0", "P/0"]  # A, fingerprinted after P, did not wait for P's deadline
-    assert time.monotonic() - started < 20
 
 
 def test_a_full_queue_takes_no_more_checks(monkeypatch):

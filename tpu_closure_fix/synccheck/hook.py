@@ -307,7 +307,7 @@ def _check(optimizer, stream, step):
     if channel is None:  # one process, or world size 1: nothing to compare, nothing entered
         return
     started = time.perf_counter()
-    if isinstance(channel, comm.DistributedChannel):
+    if isinstance(channel, comm.DistributedChannel) and not _on_xla(optimizer):
         _check_off_thread(optimizer, stream, step, channel)
         return
     try:
@@ -345,6 +345,15 @@ def _delivered(report, optimizer, rank, where, stream=None, started=None, held=N
     reports.logger.info("sync check at step %s: %s over %d replicas%s", report.step, _said(report),
                         report.world_size, "" if held is None else ", %.1f ms" % (held * 1000.0))
     reports.act(report, _armed["action"], rank=rank, where=where)
+
+
+def _on_xla(optimizer):
+    """Whether the optimizer's parameters are XLA tensors. Their check stays on the training thread: an XLA
+    tensor is read only from the thread that runs its graphs (another thread's read fails inside PJRT)."""
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            return getattr(getattr(parameter, "device", None), "type", None) == "xla"
+    return False
 
 
 def _stream_of(optimizer):

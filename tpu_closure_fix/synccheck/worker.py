@@ -233,10 +233,13 @@ class Worker(object):
             mine = proposal(self.pending.values())
             if mine is not None:
                 chosen = _text(store.compare_set(slot, "", mine))
-            elif store.check([slot]):
-                chosen = _text(store.get(slot))
             else:
-                return False
+                # what the slot holds, without waiting: compare_set of an absent key with "" creates it empty
+                # (a later proposal still takes it), of a chosen one returns the choice (torch's stores before
+                # 2.x have no check())
+                chosen = _text(store.compare_set(slot, "", ""))
+                if not chosen:
+                    return False
         except Exception as exc:
             self._break(_store_failed(exc))
             return True
@@ -289,8 +292,10 @@ class Worker(object):
         channel = pending.channel
         reached = []
         try:
-            raw = self._store(job).get(job.key + "/ranks")
-            reached = [int(r) for r in _text(raw).split(",") if r.strip().isdigit()]
+            store = self._store(job)
+            if hasattr(store, "append"):  # else nobody wrote the list: a get would wait out the store's timeout
+                raw = store.get(job.key + "/ranks")
+                reached = [int(r) for r in _text(raw).split(",") if r.strip().isdigit()]
         except Exception:
             pass
         reached, missing = ranks_named(reached, channel.size)
