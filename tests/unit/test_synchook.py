@@ -632,3 +632,24 @@ def test_checks_handed_over_before_a_first_check_that_left_nothing_to_compare_sa
     assert len(seen) == 1 and "before the first update" in str(seen[0].message), [str(w.message) for w in seen]
     step(optimizer)
     assert len(handed) == 2  # the stream stood down: no further check
+
+
+@pytest.mark.parametrize("device, on_xla", [("xla", True), ("cpu", False), ("cuda", False), (None, False)])
+def test_only_xla_parameters_keep_the_check_on_the_training_thread(device, on_xla):
+    """XLA tensors are read only from the thread that runs their graphs; every other device's check is handed
+    to the worker."""
+    import types
+
+    parameter = types.SimpleNamespace(device=types.SimpleNamespace(type=device)) if device else object()
+    optimizer = types.SimpleNamespace(param_groups=[{"params": []}, {"params": [parameter]}])
+    assert synchook._on_xla(optimizer) is on_xla
+
+
+def test_twin_an_xla_optimizer_with_a_process_group_is_checked_on_the_training_thread(handed, monkeypatch):
+    ran = []
+    monkeypatch.setattr(synchook, "_on_xla", lambda optimizer: True)
+    monkeypatch.setattr(synchook.compare, "run", lambda *args, **kwargs: ran.append(args[1]) or None)
+    monkeypatch.setattr(synchook, "_delivered", lambda *args, **kwargs: None)
+    synchook.arm(1, "warn")
+    step(sgd())
+    assert handed == [] and ran == [0, 1]
