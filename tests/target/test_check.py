@@ -77,7 +77,8 @@ def test_text_output_ends_with_the_reason_and_has_no_empty_heading():
     for shim, code_expected, start in ((True, 0, "PROTECTED: "), (False, 1, "UNPROTECTED: ")):
         code, text = check(shim)
         lines = text.rstrip("\n").splitlines()
-        assert code == code_expected and lines[-1].startswith(start), text[-2000:]
+        outcome = text.rstrip("\n").split("\n\n")[-1]  # the last paragraph: the outcome, wrapped at 120 columns
+        assert code == code_expected and outcome.startswith(start), text[-2000:]
         for i, line in enumerate(lines):
             if line.endswith(":") and not line.startswith(" "):
                 assert lines[i + 1].startswith("  ") and lines[i + 1].strip(), (line, text)

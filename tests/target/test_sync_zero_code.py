@@ -27,8 +27,9 @@ from support import ranks
 
 EVERY = 10
 STEPS = 12
-#: Steps of the raise test: enough for the ranks to agree on the step where they raise, and to reach it.
-RAISE_STEPS = 400
+#: Steps the raise test may run: the ranks raise at a step they agree on while training goes on, so on a loaded
+#: machine that step can be far ahead; the loop ends at the raise (the bound is reached only if no rank raises).
+RAISE_STEPS = 20000
 VARIABLES = ("TPU_CLOSURE_FIX_SYNC_CHECK", "TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE")
 APIS = {"pytorch-lightning==1.8.6": ("trainer", "xla"), "lightning-fabric==2.6.6": ("lite",),
         "accelerate==1.15.0": ("accelerate",)}[TARGET]
