@@ -130,13 +130,14 @@ def test_reload_of_the_call_site_module(tmp_path, wrapt_version):
     """Also the oldest supported wrapt (matrix target pytorch-lightning==1.8.6+wrapt-1.14.1): patched, no warning."""
     wrapt_dir = []
     if wrapt_version == "1.14.1":
-        # the matrix target with the oldest supported wrapt: installed here if the run has not yet
+        # the matrix target with the oldest supported wrapt, installed into this test's own folder: the matrix
+        # deletes its shared copy after that target's tests (--prune), possibly while this test runs
         import importlib.util
 
         spec = importlib.util.spec_from_file_location("_targets", os.path.join(REPO, "scripts", "targets.py"))
         targets = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(targets)
-        wrapt_dir = [str(targets.install("pytorch-lightning==1.8.6+wrapt==1.14.1"))]
+        wrapt_dir = [str(targets.install("pytorch-lightning==1.8.6+wrapt==1.14.1", root=str(tmp_path / "targets")))]
     out, stderr, warned = scenario(tmp_path, "reload", pythonpath=[REPO] + wrapt_dir + [target_dir()])
     if wrapt_version == "1.14.1":
         assert out["wrapt"] == "1.14.1"
