@@ -434,8 +434,12 @@ def test_a_rank_killed_before_a_check_never_hangs_its_peer(tmp_path):
     assert zero.returncode == 3, zero.describe()  # the scenario ended with the training's own gloo error
     assert zero.messages and len(zero.messages) == 1, zero.messages
     message = zero.messages[0]
-    assert STANDS_DOWN in message and "at step 5: " + REACHED_BY_0 + " within 5s" in message, message
-    assert zero.hook["checks"] == 2  # before step 1 and after step 1
+    if "the check's all-reduce did not complete" in message:
+        # a loaded machine: the worker was still exchanging an earlier check when the peer died; it stood down then
+        assert STANDS_DOWN in message, message
+    else:
+        assert STANDS_DOWN in message and "at step 5: " + REACHED_BY_0 + " within 5s" in message, message
+        assert zero.hook["checks"] == 2  # before step 1 and after step 1
     assert zero.result["step"] == 6  # the next step's gradient all-reduce found the peer gone
     assert zero.failure.startswith("RuntimeError: ") and "peer" in zero.failure, zero.failure
 
