@@ -9,8 +9,9 @@ so the variable means the same thing everywhere.
 * ``TPU_CLOSURE_FIX_DISABLE=accelerate,optimum_neuron``: integrations whose sites are left alone
   (:func:`disabled_from_environment`, read by ``engine.enable()``; their sites are ``disabled``).
 
-A bad value of any of them gives one :class:`TPUClosureFixWarning` naming the variable, the value and the
-accepted values, and is then ignored (the default applies).
+A bad value of any of them gives one :class:`TPUClosureFixWarning` naming the variable, the value, the
+accepted values, what applies instead (the default) and a next step, in lines of at most 120 columns
+(:func:`bad_value_message`), and is then ignored.
 """
 import importlib
 import logging
@@ -64,6 +65,30 @@ def show_value(raw, limit=QUOTE_LIMIT):
     return quote_value(raw, limit)
 
 
+#: The first line of a bad value's warning: empty. Python prints the warning's location and category in front
+#: of it (``path:line: TPUClosureFixWarning: ``), as wide as the path (a venv's site-packages takes 100
+#: columns), so the details start on the next line and stand on lines of their own, each at most
+#: ``textfit.WIDTH`` columns.
+BAD_VALUE_HEAD = ""
+#: How far the detail lines of a bad value's warning are indented (their continuations: 4 more).
+BAD_VALUE_INDENT = "    "
+
+
+def bad_value_message(variable, raw, accepted, instead, next_step, complaint="is not an accepted value"):
+    """The warning for a bad value ``raw`` of the environment variable ``variable``: :data:`BAD_VALUE_HEAD`
+    (empty), then indented lines naming the variable and the value (:func:`quote_value`) with ``complaint`` and the
+    ``accepted`` values, what is done ``instead``, and the ``next_step`` (backquoted commands, never broken
+    across lines); every line after the first wrapped at ``textfit.WIDTH`` columns."""
+    from . import textfit  # only on a bad value: start-up imports nothing more
+
+    sentences = ("%s=%s %s; accepted: %s." % (variable, quote_value(raw), complaint, accepted), instead,
+                 "Next step: %s." % next_step)
+    lines = [BAD_VALUE_HEAD]
+    for sentence in sentences:
+        lines.extend(textfit.wrap(BAD_VALUE_INDENT + sentence))
+    return "\n".join(lines)
+
+
 def parse_switch(raw):
     """Return (enabled, problem) for a raw value of TPU_CLOSURE_FIX.
 
@@ -80,10 +105,10 @@ def parse_switch(raw):
         return True, None
     if value in OFF_VALUES:
         return False, None
-    return True, (
-        "%s=%s is not an accepted value; accepted: 1/true/on/yes (enable, the default) "
-        "or 0/false/off/no (disable), any case. Using the default: enabled." % (ENV_VAR, quote_value(raw))
-    )
+    return True, bad_value_message(
+        ENV_VAR, raw, "1/true/on/yes (enable, the default) or 0/false/off/no (disable), any case",
+        "Using the default: enabled.",
+        "`unset %s` (enabled), or `export %s=0` (disabled)" % (ENV_VAR, ENV_VAR))
 
 
 def enabled_from_environment(environ=None):
@@ -149,10 +174,10 @@ def parse_log_level(raw):
     levels = dict(LOG_LEVELS)
     if value in levels:
         return levels[value], None
-    return None, (
-        "%s=%s is not an accepted value; accepted: %s, any case. Ignored: the logging configuration is left "
-        "as it is." % (LOG_VAR, quote_value(raw), "/".join(name for name, _ in LOG_LEVELS))
-    )
+    return None, bad_value_message(
+        LOG_VAR, raw, "%s, any case" % "/".join(name for name, _ in LOG_LEVELS),
+        "Ignored: the logging configuration is left as it is.",
+        "`export %s=info`, or `unset %s`" % (LOG_VAR, LOG_VAR))
 
 
 def log_level_from_environment(environ=None):
@@ -190,11 +215,12 @@ def parse_disable(raw, names):
             unknown.append(quote_value(item.strip(ASCII_WHITESPACE)))
     if not unknown:
         return frozenset(disabled), None
-    return frozenset(disabled), (
-        "%s=%s names no integration %s; accepted: %s (also with '-' for '_'), any case, comma-separated. "
-        "Unknown names are ignored; disabled: %s." % (DISABLE_VAR, quote_value(raw), ", ".join(unknown),
-                                                      ", ".join(names), ", ".join(sorted(disabled)) or "nothing")
-    )
+    kept = ",".join(name for name in names if name in disabled)
+    return frozenset(disabled), bad_value_message(
+        DISABLE_VAR, raw, "%s (also with '-' for '_'), any case, comma-separated" % ", ".join(names),
+        "Unknown names are ignored; disabled: %s." % (", ".join(sorted(disabled)) or "nothing"),
+        "`export %s=%s` (the names it knows)" % (DISABLE_VAR, kept) if kept else "`unset %s`" % DISABLE_VAR,
+        complaint="names no integration %s" % ", ".join(unknown))
 
 
 def disabled_from_environment(names, environ=None):

@@ -529,7 +529,17 @@ def _sync_check_line(hook_inactive=False):
             % SYNC_CHECK_VAR
     from .synccheck import hook
 
-    return hook.status_line()
+    return _one_line(hook.status_line())
+
+
+def _one_line(text):
+    """``text`` on one line: a line break and the indentation after it read as one space, as none after an
+    opening parenthesis (a bad value's warning, which the sync check line quotes, starts on its second line)."""
+    pieces = text.split("\n")
+    out = pieces[0]
+    for piece in pieces[1:]:
+        out += piece.strip() if out.endswith("(") else " " + piece.strip()
+    return out
 
 
 # --------------------------------------------------------------------------- compiled-only distributions

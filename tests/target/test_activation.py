@@ -336,7 +336,8 @@ def test_switch_values(pth_venv, probe_dir, value, expect_patched, expect_warnin
     extra = {} if value is None else {"TPU_CLOSURE_FIX": value}
     result, proc = run_probe(python, probe_dir, env_extra=extra, args=["--warnings-always"])
     (assert_patched if expect_patched else assert_unpatched)(result)
-    warnings_seen = [l for l in proc.stderr.splitlines() if "TPUClosureFixWarning" in l]
+    # a warning with its lines (a bad value's message starts on the line after Python's location prefix)
+    warnings_seen = [line for line in rows(proc.stderr) if "TPUClosureFixWarning" in line]
     if expect_warning:
         assert len(warnings_seen) == 1, proc.stderr
         assert "TPU_CLOSURE_FIX" in warnings_seen[0] and "0/false/off/no" in warnings_seen[0]

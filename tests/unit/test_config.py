@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 
+from support.switch_warnings import assert_bad_value_lines
 from tpu_closure_fix import config, sites
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -102,7 +103,8 @@ def test_only_ascii_whitespace_and_case_are_ignored(raw):
     a UTF-8 one strips U+2003 itself; so neither is stripped (the value is bad: warned about, enabled)."""
     enabled, problem = config.parse_switch(raw)
     assert enabled is True and problem is not None
-    assert problem.isascii() and "\n" not in problem
+    assert "TPU_CLOSURE_FIX=%s is not an accepted value" % config.quote_value(raw) in problem  # escaped, one piece
+    assert_bad_value_lines(problem)
 
 
 @pytest.mark.parametrize("raw", ["off\n", "\t0 ", "\x0bNO\x0c", "\r\noff"])

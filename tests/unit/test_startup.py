@@ -258,7 +258,8 @@ BAD_SWITCHES = {"TPU_CLOSURE_FIX": "maybe", "TPU_CLOSURE_FIX_LOG": "loud", "TPU_
 ])
 def test_a_bad_switch_value_warns_at_the_users_import_line_naming_the_variable(tmp_path, standin, how, body, line):
     caught, script = warnings_of(tmp_path, standin, body, **BAD_SWITCHES)
-    named = {variable: [w for w in caught if w[0].startswith(variable + "=")] for variable in BAD_SWITCHES}
+    # a message names the variable first, on the line after Python's location prefix
+    named = {variable: [w for w in caught if w[0].lstrip().startswith(variable + "=")] for variable in BAD_SWITCHES}
     assert all(len(found) == 1 for found in named.values()), caught
     for message, filename, lineno in (found[0] for found in named.values()):
         assert (filename, lineno) == (script, line), (how, message, filename, lineno)

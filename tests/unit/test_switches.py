@@ -19,6 +19,7 @@ import warnings
 
 import pytest
 
+from support.switch_warnings import assert_bad_value_lines
 from support.xla_model_source import xla_model_source
 from tpu_closure_fix import activation, config, engine, fixes, integrations, report, sites
 from tpu_closure_fix.shape import Shape
@@ -39,9 +40,11 @@ def test_log_levels(raw, level):
 def test_a_bad_log_level_names_the_variable_the_value_and_the_accepted_values(raw):
     level, problem = config.parse_log_level(raw)
     assert level is None
-    assert problem.startswith("TPU_CLOSURE_FIX_LOG=%s is not an accepted value" % config.quote_value(raw))
+    assert problem.split("\n")[1].startswith(
+        "    TPU_CLOSURE_FIX_LOG=%s is not an accepted value" % config.quote_value(raw))
     assert "accepted: debug/info/warning/error" in problem
-    assert problem.isascii() and "\n" not in problem
+    assert "`unset TPU_CLOSURE_FIX_LOG`" in problem  # a next step that works
+    assert_bad_value_lines(problem)
 
 
 # --------------------------------------------------------------------------- TPU_CLOSURE_FIX_DISABLE: parsing
@@ -70,10 +73,13 @@ def test_disable_names_integrations_as_the_code_knows_them(raw, named):
 def test_an_unknown_name_is_named_with_the_accepted_names_and_the_known_ones_apply(raw, named, unknown):
     disabled, problem = config.parse_disable(raw, integrations.NAMES)
     assert disabled == frozenset(named)
-    assert problem.startswith("TPU_CLOSURE_FIX_DISABLE=%s names no integration %s;"
-                              % (config.quote_value(raw), ", ".join(unknown)))
-    assert "accepted: lightning, accelerate, optimum_neuron, torch_xla" in problem
-    assert problem.isascii() and "\n" not in problem
+    assert problem.split("\n")[1].startswith("    TPU_CLOSURE_FIX_DISABLE=%s names no integration %s;"
+                                             % (config.quote_value(raw), ", ".join(unknown)))
+    assert "accepted: lightning, accelerate, optimum_neuron, torch_xla" in " ".join(problem.split())
+    # the next step keeps what applies: the known names, else nothing
+    kept = ",".join(name for name in integrations.NAMES if name in named)
+    assert ("`export TPU_CLOSURE_FIX_DISABLE=%s`" % kept if kept else "`unset TPU_CLOSURE_FIX_DISABLE`") in problem
+    assert_bad_value_lines(problem)
 
 
 @pytest.mark.parametrize("variable,read,bad", [
@@ -192,7 +198,8 @@ def test_a_bad_disable_value_warns_once_at_start_and_prints_nothing_on_stdout():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""
     assert proc.stderr.count("TPUClosureFixWarning") == 1, proc.stderr
-    assert "names no integration 'bogus'; accepted: lightning, accelerate, optimum_neuron, torch_xla" in proc.stderr
+    assert "names no integration 'bogus'; accepted: lightning, accelerate, optimum_neuron, torch_xla" in " ".join(
+        proc.stderr.split())  # wrapped at 120 columns
     assert proc.stderr.count(ENABLED_LINE) == 2 and "integrations switched off: accelerate" in proc.stderr
 
 
@@ -336,8 +343,8 @@ def test_twin_without_disable_both_integrations_are_patched(table, disable):
 def test_an_unknown_name_warns_once_and_the_known_ones_still_apply(table):
     t = table(["accelerate", "optimum_neuron"])
     (message,) = t.enable("accelerate, bogus")
-    assert message.startswith("TPU_CLOSURE_FIX_DISABLE='accelerate, bogus' names no integration 'bogus'; "
-                              "accepted: lightning, accelerate, optimum_neuron, torch_xla")
+    assert " ".join(message.split()).startswith("TPU_CLOSURE_FIX_DISABLE='accelerate, bogus' names no integration "
+                                                "'bogus'; accepted: lightning, accelerate, optimum_neuron, torch_xla")
     assert t.verdict("accelerate") == (engine.DISABLED, "TPU_CLOSURE_FIX_DISABLE names accelerate")
     assert t.verdict("optimum_neuron") == (engine.PATCHED, "")
     assert t.enable("accelerate, bogus") == []  # enable() again: the same value, no second warning

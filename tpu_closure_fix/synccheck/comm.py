@@ -69,16 +69,17 @@ class StoodDown(RuntimeError):
 
 def parse_timeout(raw):
     """(seconds, problem) for a raw value of TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT (unset/empty: the default)."""
-    from ..config import ASCII_WHITESPACE, quote_value
+    from ..config import ASCII_WHITESPACE, bad_value_message
 
     value = "" if raw is None else raw.strip(ASCII_WHITESPACE)
     if value == "":
         return DEFAULT_TIMEOUT, None
     if len(value) <= 7 and value.isascii() and value.isdigit() and int(value) > 0:
         return int(value), None
-    return DEFAULT_TIMEOUT, ("%s=%s is not an accepted value; accepted: a whole number of seconds > 0 (ASCII "
-                             "digits, e.g. 300), or unset (%d). Using %d."
-                             % (TIMEOUT_VAR, quote_value(raw), DEFAULT_TIMEOUT, DEFAULT_TIMEOUT))
+    return DEFAULT_TIMEOUT, bad_value_message(
+        TIMEOUT_VAR, raw, "a whole number of seconds > 0 (ASCII digits, e.g. 600), or unset (%d)" % DEFAULT_TIMEOUT,
+        "Using %d." % DEFAULT_TIMEOUT, "`unset %s` (%d s), or `export %s=600`" % (TIMEOUT_VAR, DEFAULT_TIMEOUT,
+                                                                                  TIMEOUT_VAR))
 
 
 def _xla_world():

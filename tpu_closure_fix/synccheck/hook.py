@@ -84,9 +84,12 @@ def parse_every(raw):
         return 0, None
     if len(value) <= MAX_DIGITS and value.isascii() and value.isdigit():
         return int(value), None
-    return 0, ("%s=%s is not an accepted value; accepted: a whole number of optimizer steps between checks "
-               "(ASCII digits, e.g. 100), or 0 / unset (off). The zero-code sync check stays off."
-               % (SYNC_CHECK_VAR, quote_value(raw)))
+    from ..config import bad_value_message
+
+    return 0, bad_value_message(
+        SYNC_CHECK_VAR, raw, "a whole number of optimizer steps between checks (ASCII digits, e.g. 100), or 0 / "
+        "unset (off)", "The zero-code sync check stays off.",
+        "`export %s=100` (a check every 100 optimizer steps), or `unset %s`" % (SYNC_CHECK_VAR, SYNC_CHECK_VAR))
 
 
 def parse_action(raw):
@@ -96,8 +99,11 @@ def parse_action(raw):
         return DEFAULT_ACTION, None
     if value.isascii() and value.lower() in ACTIONS:
         return value.lower(), None
-    return DEFAULT_ACTION, ("%s=%s is not an accepted value; accepted: warn (the default) or raise. Using warn."
-                            % (ON_DIVERGENCE_VAR, quote_value(raw)))
+    from ..config import bad_value_message
+
+    return DEFAULT_ACTION, bad_value_message(
+        ON_DIVERGENCE_VAR, raw, "warn (the default) or raise", "Using warn.",
+        "`unset %s` (warn), or `export %s=raise`" % (ON_DIVERGENCE_VAR, ON_DIVERGENCE_VAR))
 
 
 def parse_group(raw):
@@ -107,9 +113,12 @@ def parse_group(raw):
         return DEFAULT_GROUP, None
     if value.isascii() and value.lower() in GROUPS:
         return value.lower(), None
-    return DEFAULT_GROUP, ("%s=%s is not an accepted value; accepted: auto (the default: decided at each "
-                           "optimizer's first check) or world (every rank holds the same model). Using auto."
-                           % (GROUP_VAR, quote_value(raw)))
+    from ..config import bad_value_message
+
+    return DEFAULT_GROUP, bad_value_message(
+        GROUP_VAR, raw, "auto (the default: decided at each optimizer's first check) or world (every rank holds "
+        "the same model)", "Using auto.",
+        "`unset %s` (auto), or `export %s=world` where every rank holds the same model" % (GROUP_VAR, GROUP_VAR))
 
 
 def _warn_once(key, message, stacklevel=3):
