@@ -281,6 +281,7 @@ def _run_graph(args):
 #: Why the self-tests did not run, by the status rule that decided without them.
 NOT_RUN_BESIDE_SCRIPT = "a framework in the script's directory is what runs there (see the outcome)"
 NOT_RUN_NO_HOOK = "the start-up hook does not run there: a script started there runs no fix (see the outcome)"
+NOT_RUN_NO_SITES = "no list of that interpreter's sites to drive (see the outcome)"
 
 
 def run(args):
@@ -293,7 +294,7 @@ def run(args):
     if payload is None or "records" not in payload or (payload.get("beside_script") or {}).get("found"):
         status = report.status_json(payload, error)
         outcome = Outcome(status["outcome"], status["exit_code"], status["reason"])
-        why = NOT_RUN_BESIDE_SCRIPT if payload and "records" in payload else None
+        why = NOT_RUN_BESIDE_SCRIPT if payload and "records" in payload else NOT_RUN_NO_SITES
         return _print_result(args, outcome, status, _not_run(why), None, why)
     records = payload["records"]
     unprotected = report.unprotected(records)

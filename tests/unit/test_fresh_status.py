@@ -470,6 +470,69 @@ def test_python_at_3_8_from_this_interpreter_gets_a_verdict(tmp_path):
     assert out["startup_hook"] == {"active": False, "reason": "tpu_closure_fix is not installed for %s" % other}
 
 
+@pytest.mark.parametrize("version, older", [("3.6.15", True), ("3.7.16", True), ("3.7", True), ("2.7.18", True),
+                                            ("3.8.0", False), ("3.13.0", False), ("4.0.1", False), ("", False),
+                                            ("unknown", False)])
+def test_an_interpreter_before_3_8_is_refused_by_the_version_it_reported(version, older):
+    reason = fresh.too_old(facts(version=version, executable="/old/bin/python"))
+    if not older:
+        assert reason is None  # 3.8 and newer, or no version stated: the other rules decide
+        return
+    assert reason == ("/old/bin/python is Python %s, which tpu-closure-fix does not run on (it needs Python 3.8 or "
+                      "newer; pip installs no release there). Fix: train and check with a Python 3.8 or newer: give "
+                      "--python its interpreter (e.g. `--python /path/to/venv/bin/python`)" % version)
+
+
+def _status_of_a_child_reporting(monkeypatch, version):
+    """``run_status`` and ``status_outcome`` over a child that reported ``version`` and one patched site."""
+    from tpu_closure_fix.verify import child
+
+    reported = payload([record("patched")], version=version)
+    monkeypatch.setattr(child, "run_child", lambda argv, timeout, env=None: child.ChildRun(
+        argv, 0, reported, "", "", 0.1, False, None))
+    monkeypatch.setattr(fresh, "_beside_script", lambda payload, flags, script: {"directory": "/x", "found": []})
+    got, error = fresh.run_status(python="/old/bin/python", flags=[])
+    return got, error, report.status_outcome(got, error)
+
+
+def test_status_and_check_give_no_verdict_about_a_python_before_3_8(monkeypatch):
+    """The rule in the one path both commands take (run_status): the payload comes back without its records
+    (check then runs no self-test either), the error naming the version and the fix."""
+    got, error, (name, code, reason) = _status_of_a_child_reporting(monkeypatch, "3.7.16")
+    assert "records" not in got and got["facts"]["version"] == "3.7.16"
+    assert (name, code) == ("could not verify", 3)
+    assert reason.startswith("COULD NOT VERIFY: /venv/bin/python is Python 3.7.16, which tpu-closure-fix does not "
+                             "run on") and "Fix: train and check with a Python 3.8 or newer" in reason, reason
+
+
+def test_twin_a_python_3_8_reporting_the_same_gets_its_verdict(monkeypatch):
+    got, error, (name, code, reason) = _status_of_a_child_reporting(monkeypatch, "3.8.18")
+    assert error is None and got["records"]
+    assert (name, code) == ("protected", 0), reason
+
+
+def _pythons_before_3_8():
+    """pyenv's interpreters of Python 3.6 and 3.7 on this machine (never its shims)."""
+    import glob
+
+    return sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.[67].*/bin/python")))
+
+
+@pytest.mark.skipif(not _pythons_before_3_8(), reason="no Python 3.6/3.7 interpreter on this machine (pyenv)")
+@pytest.mark.parametrize("command", ["status", "check"])
+def test_a_real_python_before_3_8_could_not_verify(command, tmp_path):
+    """The shim lent from this checkout (PYTHONPATH) runs there and reports; the verdict is still withheld."""
+    for old in _pythons_before_3_8():
+        proc = cli(command, "--python", old, "--json", env={"PYTHONPATH": REPO}, cwd=str(tmp_path))
+        out = json.loads(proc.stdout)
+        assert out["python"]["version"][:3] in ("3.6", "3.7"), out["python"]
+        assert (proc.returncode, out["outcome"]) == (3, "could not verify"), out
+        assert ("is Python %s, which tpu-closure-fix does not run on" % out["python"]["version"]) in out["reason"]
+        assert "Fix: train and check with a Python 3.8 or newer" in out["reason"], out["reason"]
+        if command == "check":  # no self-test about a verdict withheld
+            assert out["event_check"]["not_run"] == check.NOT_RUN_NO_SITES and not out["event_check"]["sites"]
+
+
 # --------------------------------------------------------------------------- what a script started there runs
 @pytest.mark.parametrize("given, off", [
     (facts(), False),  # the hook runs: the shim is activated as it would be

@@ -156,7 +156,8 @@ def run_status(python=None, flags=None, timeout=TIMEOUT, script=None):
     A ``PYTHONPATH`` entry relative to the working directory is never followed by a child (see
     :func:`tpu_closure_fix.verify.child.safe_environment`); the interpreter that trains would follow it, so
     with one no verdict is given: the error names it and the fix. ``-E``/``-I`` make every interpreter
-    ignore ``PYTHONPATH``: then it does not matter."""
+    ignore ``PYTHONPATH``: then it does not matter. An interpreter older than :data:`OLDEST` gets no verdict
+    either (:func:`too_old`): its payload comes back without records, the error naming its version and the fix."""
     flags = caller_flags() if flags is None else list(flags)
     relative = [] if {"-E", "-I"} & set(flags) else child.relative_pythonpath()
     if relative:
@@ -171,6 +172,9 @@ def run_status(python=None, flags=None, timeout=TIMEOUT, script=None):
         asked = python or sys.executable
         return None, "%s could not report: %s. Fix: %s" % (asked, run.error or run.stderr_tail(),
                                                            unreported_fix(asked, run))
+    older = too_old(run.payload.get("facts") or {})
+    if older:  # what it reported holds for no script: the package cannot be installed there
+        return {key: value for key, value in run.payload.items() if key != "records"}, older
     if "records" in run.payload:
         run.payload["beside_script"] = _beside_script(run.payload, flags, script)
     return run.payload, None
@@ -195,6 +199,21 @@ def version_of(python):
     if len(parts) != 2 or not all(part.isdigit() for part in parts):
         return None
     return int(parts[0]), int(parts[1])
+
+
+def too_old(facts):
+    """Why no verdict is given about the interpreter whose ``facts`` the child reported, when it is older than
+    :data:`OLDEST` (a --python can point at one: the shim imported from a PYTHONPATH entry may still run
+    there, but no release installs there, so its verdict would hold for no training run); else None."""
+    parts = str(facts.get("version") or "").split(".")
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None  # no version stated: the other rules decide
+    if (int(parts[0]), int(parts[1])) >= OLDEST:
+        return None
+    return ("%s is Python %s, which tpu-closure-fix does not run on (it needs Python %d.%d or newer; pip installs "
+            "no release there). Fix: train and check with a Python %d.%d or newer: give --python its interpreter "
+            "(e.g. `--python /path/to/venv/bin/python`)" % ((facts.get("executable"), facts.get("version")) + OLDEST
+                                                              + OLDEST))
 
 
 def unreported_fix(python, run, version=None):
