@@ -282,6 +282,7 @@ def _run_graph(args):
 NOT_RUN_BESIDE_SCRIPT = "a framework in the script's directory is what runs there (see the outcome)"
 NOT_RUN_NO_HOOK = "the start-up hook does not run there: a script started there runs no fix (see the outcome)"
 NOT_RUN_NO_SITES = "no list of that interpreter's sites to drive (see the outcome)"
+NOT_RUN_SCAN_FAILED = "the script's directory could not be scanned: what runs there is unknown (see the outcome)"
 
 
 def run(args):
@@ -290,11 +291,14 @@ def run(args):
     from .verify import fresh
 
     payload, error = fresh.run_status(python=args.python, timeout=args.timeout, script=args.script)
-    # no records, or a framework beside the script (what runs is not what the self-tests would drive): no verdict
-    if payload is None or "records" not in payload or (payload.get("beside_script") or {}).get("found"):
+    # no records, or a framework beside the script or a failed scan there (what runs is not what the self-tests
+    # would drive, or is unknown): no verdict
+    beside = (payload or {}).get("beside_script") or {}
+    if payload is None or "records" not in payload or beside.get("found") or beside.get("error"):
         status = report.status_json(payload, error)
         outcome = Outcome(status["outcome"], status["exit_code"], status["reason"])
-        why = NOT_RUN_BESIDE_SCRIPT if payload and "records" in payload else NOT_RUN_NO_SITES
+        why = NOT_RUN_NO_SITES if payload is None or "records" not in payload else (
+            NOT_RUN_SCAN_FAILED if beside.get("error") else NOT_RUN_BESIDE_SCRIPT)
         return _print_result(args, outcome, status, _not_run(why), None, why)
     records = payload["records"]
     unprotected = report.unprotected(records)

@@ -375,6 +375,8 @@ def status_outcome(payload, error=None):
     # 2. A framework in the training script's directory is what a script run from there imports: the child never
     #    searched that directory, so no verdict is about it.
     beside = payload.get("beside_script") or {}
+    if beside.get("error"):  # the scan of that directory failed: what a script run from there imports is unknown
+        return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s." % beside["error"])
     if beside.get("found"):
         return outcome(NOT_VERIFIED, "COULD NOT VERIFY: %s." % script_dir.reason(beside["found"],
                                                                                 beside["directory"], python))

@@ -151,3 +151,80 @@ def test_script_names_the_directory_wherever_status_runs_from(tmp_path):
 def test_script_must_name_a_file(tmp_path):
     proc = tool("status", "--script", str(tmp_path / "missing.py"), cwd=str(tmp_path))
     assert proc.returncode == 2 and "is not a file (give the training script, e.g. --script train.py)" in proc.stderr
+
+
+# --------------------------------------------------------------------------- a scan that fails
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def plant_unreadable(directory):
+    """A ``pytorch_lightning`` entry in ``directory`` that cannot be examined: a folder of mode 000 (another user
+    cannot enter it); as root, whom no mode stops, a symbolic link to itself (a loop stops every user). Returns
+    the exception type the scan meets, and a function restoring the mode (for the clean-up)."""
+    entry = directory / "pytorch_lightning"
+    if IS_ROOT:
+        os.symlink("pytorch_lightning", str(entry))
+        return OSError, lambda: None
+    write(entry / "__init__.py", "__version__ = '1.0.8'\n")
+    entry.chmod(0o000)
+    return PermissionError, lambda: entry.chmod(0o755)
+
+
+def test_a_path_that_cannot_be_examined_fails_the_scan_instead_of_reading_as_absent(tmp_path):
+    failure, restore = plant_unreadable(tmp_path)
+    try:
+        with pytest.raises(failure):
+            script_dir.packages_in(str(tmp_path), PACKAGES)
+    finally:
+        restore()
+    # the twin: a name that is simply not there reads as absent
+    assert script_dir.packages_in(str(tmp_path / "empty"), PACKAGES) == []
+
+
+@pytest.mark.parametrize("exc, fix", [
+    (PermissionError(13, "Permission denied"), "Fix: run this command as a user who can read /work/proj (the one "
+                                               "that trains; `ls -ld /work/proj` shows its owner and mode)"),
+    (OSError(40, "Too many levels of symbolic links"), "Fix: repair or remove the path named there "
+                                                       "(`ls -l /work/proj`)"),
+])
+def test_a_failed_scan_names_what_failed_the_path_and_the_fix_for_that_failure(exc, fix):
+    reason = script_dir.scan_failure("/work/proj", exc)
+    assert reason.startswith("the scan of /work/proj, ") and "(%s: %s)" % (type(exc).__name__, exc) in reason
+    assert fix in reason and reason.endswith("for a training script elsewhere, name it: `--script PATH`"), reason
+
+
+def test_a_working_directory_gone_names_the_fix_of_running_from_the_script_s_directory():
+    reason = script_dir.scan_failure(None, FileNotFoundError(2, "No such file or directory"))
+    assert reason.startswith("the working directory, ") and "FileNotFoundError" in reason
+    assert reason.endswith("Fix: run this command from the directory the training script is run from, or name the "
+                           "script: `--script PATH`"), reason
+
+
+def test_the_outcome_after_a_failed_scan_is_could_not_verify():
+    failed = _payload([])
+    failed["beside_script"]["error"] = script_dir.scan_failure("/work", PermissionError(13, "Permission denied"))
+    name, code, reason = report.status_outcome(failed)
+    assert (name, code) == ("could not verify", 3)
+    assert reason == "COULD NOT VERIFY: %s." % failed["beside_script"]["error"]
+    # the twin: the same payload scanned without a failure has its verdict
+    assert report.status_outcome(_payload([]))[:2] == ("nothing to protect", 0)
+
+
+@pytest.mark.parametrize("command", ["status", "check"])
+def test_run_from_a_directory_that_cannot_be_scanned_could_not_verify_naming_it(tmp_path, command):
+    from tpu_closure_fix import check
+
+    project = tmp_path / "project"
+    write(project / "train.py", "import pytorch_lightning\n")
+    failure, restore = plant_unreadable(project)
+    try:
+        args = [command, "--json"] + (["--no-graph"] if command == "check" else [])
+        proc = tool(*args, cwd=str(project))
+    finally:
+        restore()
+    out = json.loads(proc.stdout)
+    assert (proc.returncode, out["outcome"]) == (3, "could not verify"), out["reason"]
+    assert out["reason"].startswith("COULD NOT VERIFY: the scan of %s, " % project), out["reason"]
+    assert "(%s: " % failure.__name__ in out["reason"] and "`--script PATH`" in out["reason"], out["reason"]
+    if command == "check":  # no self-test about what is unknown
+        assert out["event_check"]["not_run"] == check.NOT_RUN_SCAN_FAILED

@@ -241,14 +241,19 @@ def _keep_output(run):
 
 def _beside_script(payload, flags, script):
     """``{"directory", "found"}``: what :func:`.script_dir.shadowing` finds in the training script's directory,
-    where the asked interpreter searches it (``found`` is empty where it does not)."""
+    where the asked interpreter searches it (``found`` is empty where it does not); with ``"error"`` too (the
+    reason, :func:`.script_dir.scan_failure`) when the scan itself failed: then nothing is known of it."""
     from .. import sites
     from . import script_dir
 
-    directory = script_dir.directory_of(script)
-    found = []
-    if script_dir.searched(flags, payload["facts"].get("version"), os.environ):
-        found = script_dir.shadowing(directory, sites.top_level_packages(), payload.get("origins") or {})
+    directory = None
+    try:
+        directory = script_dir.directory_of(script)
+        found = []
+        if script_dir.searched(flags, payload["facts"].get("version"), os.environ):
+            found = script_dir.shadowing(directory, sites.top_level_packages(), payload.get("origins") or {})
+    except OSError as exc:
+        return {"directory": directory, "found": [], "error": script_dir.scan_failure(directory, exc)}
     return {"directory": directory, "found": found}
 
 

@@ -11,6 +11,7 @@ package and the directory), unless the fresh interpreter imported those very fil
 import ast
 import importlib.machinery
 import os
+import stat
 
 #: Files of a package that may hold its ``__version__ = "..."`` literal, in the order they are read.
 VERSION_FILES = ("__init__.py", "__about__.py", "__version__.py", "version.py")
@@ -49,14 +50,25 @@ def searched(flags, version, environ):
     return True
 
 
+def _is_file(path):
+    """Whether ``path`` is a regular file, as ``os.path.isfile`` says, except that a path that cannot be examined
+    (no permission on a folder on the way, a loop of symbolic links, an I/O error) raises its ``OSError``
+    instead of reading as absent: a scan that could not look has not found nothing."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
 def _module_files(folder, name):
-    """Paths in ``folder`` that import as the top-level module or regular package ``name``."""
+    """Paths in ``folder`` that import as the top-level module or regular package ``name``; raises ``OSError``
+    where one cannot be examined (:func:`_is_file`)."""
     found = []
     package = os.path.join(folder, name)
-    if os.path.isfile(os.path.join(package, "__init__.py")):
+    if _is_file(os.path.join(package, "__init__.py")):
         found.append(package)
     for suffix in importlib.machinery.all_suffixes():
-        if os.path.isfile(package + suffix):
+        if _is_file(package + suffix):
             found.append(package + suffix)
     return found
 
@@ -133,6 +145,27 @@ def reason(found, directory, python=None):
             "status never runs code from there (a script elsewhere: name it with --script). Fix: install it into the "
             "interpreter, `%s`, and move %s out of %s" % (first["package"], release, first["path"], more, directory,
                                                           install_command(first, python), first["path"], directory))
+
+
+def scan_failure(directory, exc):
+    """The COULD NOT VERIFY reason of a scan of the training script's directory (None: the working directory,
+    which no longer exists) that failed with ``exc``, with its fix: read access for a permission refused, the
+    path repaired for any other failure (a loop of symbolic links, an I/O error), or the script named."""
+    import shlex
+
+    failure = "%s: %s" % (type(exc).__name__, exc)
+    if directory is None:
+        return ("the working directory, where a script run from here finds its imports first, cannot be scanned "
+                "(%s). Fix: run this command from the directory the training script is run from, or name the "
+                "script: `--script PATH`" % failure)
+    if isinstance(exc, PermissionError):
+        fix = ("run this command as a user who can read %s (the one that trains; `ls -ld %s` shows its owner "
+               "and mode)" % (directory, shlex.quote(directory)))
+    else:
+        fix = "repair or remove the path named there (`ls -l %s`)" % shlex.quote(directory)
+    return ("the scan of %s, which a script run from there searches first for its imports, failed (%s): whether "
+            "a framework there is what such a script imports is unknown. Fix: %s; for a training script elsewhere, "
+            "name it: `--script PATH`" % (directory, failure, fix))
 
 
 def install_command(found, python=None):
