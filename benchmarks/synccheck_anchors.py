@@ -141,26 +141,29 @@ def _reset_peak():
 
 
 def measured(call):
-    """(held s, work s, bytes sent, peak extra bytes or None) of one call, which must return True, or
-    ``(True, held s)`` when the calling thread was held for less than the call (the zero-code check: the
-    call waits for the worker's verdict after the training thread went on)."""
+    """(held s, thread CPU s, work s, bytes sent, peak extra bytes or None) of one call, which must return True,
+    or ``(True, held s, thread CPU s)`` when the calling thread was held for less than the call (the zero-code
+    check: the call waits for the worker's verdict after the training thread went on). Thread CPU: the CPU time
+    of the calling thread while held (what waiting for a core or for a peer does not add to)."""
     gc.collect()
     rss = _proc_field("/proc/self/status", "VmRSS:")
     peak_known = _reset_peak()
     sent = _proc_field("/proc/self/io", "wchar:")
     work = time.process_time()
+    thread = time.thread_time()
     start = time.perf_counter()
     verdict = call()
     held = time.perf_counter() - start
+    thread = time.thread_time() - thread
     if isinstance(verdict, tuple):
-        verdict, held = verdict
+        verdict, held, thread = verdict
     work = time.process_time() - work
     sent = _proc_field("/proc/self/io", "wchar:") - sent
     # pages freed since the RSS was read can put the high-water mark below it: no extra memory then
     peak = max(0, _proc_field("/proc/self/status", "VmHWM:") - rss) * 1024 if peak_known else None
     if verdict is not True:  # a message: what went wrong
         raise SystemExit("a method did not find the replicas (the same model) equal: %s" % (verdict,))
-    return held, work, sent, peak
+    return held, thread, work, sent, peak
 
 
 def _model(size):
@@ -204,15 +207,17 @@ def worker(rank, port, size, reps):
 
     def zero_code_check():
         before = hook.seen["checks"]
+        thread = time.thread_time()
         start = time.perf_counter()
         probe.step()
         held = time.perf_counter() - start  # what the training thread gives the check
+        thread = time.thread_time() - thread
         if not check_worker.drain(VERDICT_WAIT):
             return "no verdict from the check's worker within %.0f s" % VERDICT_WAIT
         report = hook.seen["last_report"]
         if hook.seen["checks"] == before or report is None:
             return "the zero-code check delivered no report (is the hook armed?)"
-        return (report.outcome == "identical" or report.message()), held
+        return (report.outcome == "identical" or report.message()), held, thread
 
     def its_fingerprint():
         layout = groups.Layout(list(net.named_parameters()), rank)
@@ -237,8 +242,9 @@ def worker(rank, port, size, reps):
         out = {"size": size, "parameters": sum(p.numel() for p in params), "tensors": len(params), "reps": reps,
                "xxh3": fingerprint.uses_xxh3(), "torch": torch.__version__, "methods": {}}
         for name, rows in samples.items():
-            held, work, sent, peak = zip(*rows)
+            held, thread, work, sent, peak = zip(*rows)
             out["methods"][name] = {"held_ms": statistics.median(held) * 1e3, "work_ms": statistics.median(work) * 1e3,
+                                    "thread_ms": statistics.median(thread) * 1e3,
                                     "sent_bytes": statistics.median(sent),
                                     "peak_bytes": None if None in peak else statistics.median(peak)}
         print(json.dumps(out), flush=True)
@@ -277,12 +283,14 @@ def _bytes_text(n):
 
 
 def print_table(results):
-    print("%-9s %-30s %10s %10s %12s %12s" % ("params", "method", "held ms", "work ms", "sent/rank", "peak extra"))
+    print("%-9s %-30s %10s %10s %10s %12s %12s" % ("params", "method", "held ms", "thread ms", "work ms", "sent/rank",
+                                                    "peak extra"))
     for r in results:
         for name in METHODS:
             m = r["methods"][name]
-            print("%-9s %-30s %10.2f %10.2f %12s %12s" % (_size_text(r["parameters"]), name, m["held_ms"], m["work_ms"],
-                                                           _bytes_text(m["sent_bytes"]), _bytes_text(m["peak_bytes"])))
+            print("%-9s %-30s %10.2f %10.2f %10.2f %12s %12s" % (
+                _size_text(r["parameters"]), name, m["held_ms"], m["thread_ms"], m["work_ms"],
+                _bytes_text(m["sent_bytes"]), _bytes_text(m["peak_bytes"])))
 
 
 def _verdict(ok):
@@ -303,6 +311,10 @@ def goals(results):
         missed += not ok
         print("%-9s (a) held: zero-code check %8.2f ms / its fingerprint %8.2f ms = %5.2fx; goal <= 1x: %s"
               % (size, held[ZERO], held[FINGERPRINT], held[ZERO] / held[FINGERPRINT], _verdict(ok)))
+        thread = {name: m.get("thread_ms") for name, m in r["methods"].items()}
+        if thread[ZERO] and thread[FINGERPRINT]:
+            print("%-9s     the training thread's CPU time: %8.2f ms / %8.2f ms = %5.2fx (waiting for a core not in it)"
+                  % (size, thread[ZERO], thread[FINGERPRINT], thread[ZERO] / thread[FINGERPRINT]))
         if r["size"] == FLOOR_SIZE:
             ratio = work[ZERO] / work[FLOOR]
             ok = ratio <= FLOOR_GOAL
