@@ -24,7 +24,7 @@ Every armed run must have run checks on rank 0 and stood the probe's stream down
 stops. On this shared 2-core machine the two ranks, the check's worker threads and gloo share the cores: the
 figures are upper bounds of what a check costs a job on a machine with a core per rank.
 
-    python benchmarks/synccheck_probe_wall.py             # the figures in docs/synccheck.md (about 3 minutes)
+    python benchmarks/synccheck_probe_wall.py             # the figures in docs/synccheck.md (about 3-5 minutes)
     python benchmarks/synccheck_probe_wall.py --pairs 5 --steps 300
     python benchmarks/synccheck_probe_wall.py --smoke     # a few seconds: the script works
 """
