@@ -75,27 +75,67 @@ def test_each_anchor_finds_equal_replicas_equal_and_a_changed_one_different(anch
         assert method(_params(), TwoRanks(_changed, rank)) is (rank not in ranks_that_see), rank
 
 
-def _result(size, **held):
-    methods = {name: {"held_ms": 10.0, "work_ms": 1.0, "sent_bytes": 0, "peak_bytes": 0} for name in bench.METHODS}
+def _result(size, work=None, **held):
+    """One size's measurements: every method held 10 ms and worked 1 ms, but for ``held`` and ``work``."""
+    methods = {name: {"held_ms": 10.0, "thread_ms": 2.0, "work_ms": 1.0, "sent_bytes": 0, "peak_bytes": 0}
+               for name in bench.METHODS}
     for name, value in held.items():
         methods[name]["held_ms"] = value
+    for name, value in (work or {}).items():
+        methods[name]["work_ms"] = value
     return {"size": size, "parameters": 100_000_000 if size == "100" else 260_000, "methods": methods}
 
 
-def test_the_goals_are_read_as_stated(capsys):
-    fine = _result("100", **{bench.THIS: 60.0, bench.FINGERPRINT: 60.0, bench.MEGATRON: 200.0, bench.GATHER: 400.0,
-                             bench.SUMS: 61.0, bench.FLOOR: 20.0})
-    assert bench.goals([fine]) == 0
+_FINE_HELD = {bench.ZERO: 60.0, bench.FINGERPRINT: 60.0, bench.THIS: 90.0, bench.MEGATRON: 200.0,
+              bench.GATHER: 400.0, bench.SUMS: 61.0, bench.FLOOR: 20.0}
+_FINE_WORK = {bench.ZERO: 60.0, bench.FLOOR: 20.0, bench.MEGATRON: 200.0, bench.GATHER: 400.0, bench.SUMS: 61.0}
+
+
+def test_the_goals_are_met_at_their_bounds(capsys):
+    """Held as long as the fingerprint, work exactly 3 passes, every anchor held longer: all three goals met."""
+    assert bench.goals([_result("100", work=_FINE_WORK, **_FINE_HELD)]) == 0
     out = capsys.readouterr().out
-    assert "NOT met" not in out and "3.00x; goal <= 3x: met" in out
-    slow = _result("100", **{bench.THIS: 61.0, bench.FINGERPRINT: 30.0, bench.MEGATRON: 200.0, bench.GATHER: 400.0,
-                             bench.SUMS: 61.0, bench.FLOOR: 20.0})
-    assert bench.goals([slow]) == 3  # not faster than the sums; held twice the fingerprint; over 3 passes
+    assert "NOT met" not in out and "3.00x; goal <= 3x: met" in out and out.count("(c) held") == 3
+    assert "the training thread's CPU time:     2.00 ms /     2.00 ms =  1.00x" in out  # shown, not judged
+
+
+def test_goal_a_is_read_on_the_held_time_against_the_fingerprint(capsys):
+    held = dict(_FINE_HELD, **{bench.FINGERPRINT: 30.0})  # held twice the fingerprint: the thread waited
+    assert bench.goals([_result("100", work=_FINE_WORK, **held)]) == 1
     out = capsys.readouterr().out
-    assert out.count("NOT met") == 3 and "per-tensor sums" in out and "3.05x; goal <= 3x: NOT met" in out
-    small = _result("0.26", **{bench.THIS: 1.0, bench.FINGERPRINT: 1.0, bench.FLOOR: 0.01})
-    assert bench.goals([small]) == 0  # the floor's goal is set at 100 M only
+    assert "(a) held: zero-code check" in out and "2.00x; goal <= 1x: NOT met" in out
+
+
+def test_goal_b_is_read_on_the_work_of_the_whole_check_not_on_the_held_time(capsys):
+    work = dict(_FINE_WORK, **{bench.ZERO: 61.0})  # 3.05 passes of work, though held 3 passes only
+    assert bench.goals([_result("100", work=work, **_FINE_HELD)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("NOT met") == 1 and "(b) work" in out and "3.05x; goal <= 3x: NOT met" in out
+    held = dict(_FINE_HELD, **{bench.ZERO: 59.0, bench.FLOOR: 1.0})  # held 59 passes: (b) is not on held time
+    assert bench.goals([_result("100", work=_FINE_WORK, **held)]) == 0
+
+
+def test_goal_c_is_read_on_the_held_time_against_each_anchor(capsys):
+    held = dict(_FINE_HELD, **{bench.SUMS: 59.0})  # the sums held the thread less than the check
+    assert bench.goals([_result("100", work=_FINE_WORK, **held)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("NOT met") == 1 and [line for line in out.splitlines() if "NOT met" in line][0].count(
+        "per-tensor sums") == 1
+
+
+def test_the_floor_goal_is_set_at_100_m_only(capsys):
+    small = _result("0.26", **{bench.ZERO: 1.0, bench.FINGERPRINT: 1.0, bench.FLOOR: 0.01})
+    assert bench.goals([small]) == 0
     assert "not measured" in capsys.readouterr().out
+
+
+def test_the_work_against_each_anchor_is_printed_and_counted(capsys):
+    work = dict(_FINE_WORK, **{bench.SUMS: 30.0})  # the sums cost less work than the check
+    assert bench.work_ratios([_result("100", work=work, **_FINE_HELD)]) == 1
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.endswith("check faster: NO")] == [
+        line for line in out.splitlines() if "work: per-tensor sums" in line]
+    assert "1.50x (the worker's gain)" in out
 
 
 @pytest.mark.slow
@@ -108,6 +148,8 @@ def test_the_smoke_run_measures_every_method_in_lines_of_at_most_120_columns():
     for name in bench.METHODS:
         assert any(line.startswith("0.26 M") and name in line and "ms" not in line.split(name)[0] for line in lines), name
     assert lines[-1] in ("every goal met",) or lines[-1].endswith("goal(s) not met")
+    assert any(line.startswith("0.26 M") and "(a) held: zero-code check" in line for line in lines)
+    assert any(line.startswith("0.26 M") and "work: Megatron-core (SHA-1)" in line for line in lines)
 
 
 def test_bad_sizes_are_refused_naming_the_accepted_values():
