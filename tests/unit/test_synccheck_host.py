@@ -227,3 +227,28 @@ def test_a_port_in_use_stands_the_check_down_once_naming_where_and_what_to_set(m
     assert first.value.broken and again.value is first.value  # not tried again: one message
     message = str(first.value)
     assert "127.0.0.1:%d" % port in message and "set %s to a free port" % comm.PORT_VAR in message
+
+
+def test_each_replica_of_a_process_has_its_own_group_over_the_same_prefix(monkeypatch):
+    """Replica threads of one process: one gloo group per rank, built over the same store prefix on every rank
+    (a count shared by the process would give the second rank another prefix: no rendezvous)."""
+    made = []
+    fake = types.SimpleNamespace(PrefixStore=lambda prefix, store: prefix,
+                                 ProcessGroupGloo=lambda prefix, rank, size, timeout: made.append((prefix, rank))
+                                 or object())
+
+    class Channel(comm.HostChannel):
+        def __init__(self, rank):
+            self.rank, self.size, self.timeout = rank, 2, 5
+
+        def _store(self):
+            return "store"
+
+        def _c10d(self):
+            return fake
+
+    monkeypatch.setattr(comm, "_groups", {})
+    monkeypatch.setattr(comm, "_made", {})
+    groups = [Channel(rank)._group() for rank in (0, 1, 0, 1)]
+    assert made == [("tpu_closure_fix/synccheck/group/call/1", 0), ("tpu_closure_fix/synccheck/group/call/1", 1)]
+    assert groups[0] is groups[2] and groups[1] is groups[3] and groups[0] is not groups[1]
