@@ -18,9 +18,10 @@ Picked at each check from the process's environment alone:
 * torch_xla with a world size > 1 and no process group (``xmp.spawn``, Lightning's ``XLAStrategy``,
   accelerate on XLA): :class:`HostChannel`, the same agreement and the same gloo exchange on the host, over
   a ``torch.distributed.TCPStore`` of the check's own (its server in one process, one connection per rank,
-  made lazily off the training thread) found the way torch_xla's ``xla://`` init method finds its master: ``MASTER_ADDR``, else TPU
-  worker 0's address on a TPU, else 127.0.0.1; on port ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT``, else
-  ``MASTER_PORT`` + 1 (12356 by default). The server is in the process of ``process_index() == 0``. A
+  made lazily off the training thread) found the way torch_xla's ``xla://`` init method finds its master:
+  ``MASTER_ADDR``, else TPU worker 0's address on a TPU, else 127.0.0.1; on port
+  ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT``, else ``MASTER_PORT`` + 1 (12356 by default). The server is in the
+  process of ``process_index() == 0``. A
   replica is a rank (``runtime.global_ordinal()``), also where the replicas are threads of one process
   (PJRT on CPU, TPU v2/v3): each has its own worker and gloo group. No XLA collective is ever issued, so a
   check one replica skips stands down instead of hanging the device.
