@@ -252,3 +252,19 @@ def test_each_replica_of_a_process_has_its_own_group_over_the_same_prefix(monkey
     groups = [Channel(rank)._group() for rank in (0, 1, 0, 1)]
     assert made == [("tpu_closure_fix/synccheck/group/call/1", 0), ("tpu_closure_fix/synccheck/group/call/1", 1)]
     assert groups[0] is groups[2] and groups[1] is groups[3] and groups[0] is not groups[1]
+
+
+def test_the_slot_fields_survive_another_replica_thread_clearing_their_cache(monkeypatch):
+    """Replica threads of one process fingerprint at once: a clear of the shared cache right after this thread
+    filled it must not cost this thread its fields."""
+    from tpu_closure_fix.synccheck import fingerprint
+
+    class ClearedAtOnce(dict):
+        def __setitem__(self, key, value):
+            super().__setitem__(key, value)
+            self.clear()  # the other thread's check, between this thread's fill and its read
+
+    monkeypatch.setattr(fingerprint, "_slot_cache", ClearedAtOnce())
+    held = ((0, 1) + fingerprint.describe(torch.zeros(2)),)
+    fields, present = fingerprint._slot_fields(held, 4)
+    assert present.tolist() == [False, True, False, False] and fields.numel() == 5 * 4
