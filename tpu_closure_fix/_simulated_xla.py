@@ -15,7 +15,12 @@ torch_xla.core.xla_model`` finds it. It does what torch_xla's documented
   ``reduce_gradients`` first, then ``optimizer.step(**optimizer_args)``, then
   ``mark_step()`` if ``barrier`` -- the order that makes Lightning's closure bug;
 * ``all_reduce(reduce_type, inputs, scale=1.0)``, ``mark_step()`` (nothing to
-  cut on CPU), ``xrt_world_size()`` / ``get_ordinal()`` / ``xla_device()`` (CPU).
+  cut on CPU), ``xrt_world_size()`` / ``get_ordinal()`` / ``xla_device()`` (CPU);
+* ``torch_xla.runtime`` (:data:`runtime`): ``world_size()``, ``global_ordinal()``,
+  ``local_ordinal()``, ``process_index()``, ``process_count()``, ``device_type()``.
+  Replicas are processes (one each, the default) or threads of one process
+  (PJRT on CPU and TPU v2/v3): a thread that called :func:`enter_replica`
+  answers its own ordinal, as torch_xla's per-thread default device does.
 
 ``recorder``, when set, is called as ``recorder(name, **info)`` for
 ``reduce_gradients`` (with how many gradients existed) and ``mark_step``: the
@@ -23,6 +28,7 @@ tests assert the order of events with it.
 """
 import importlib.util
 import sys
+import threading
 import types
 
 REDUCE_SUM = "sum"
@@ -32,7 +38,8 @@ REDUCE_OR = "or"
 REDUCE_MIN = "min"
 REDUCE_MAX = "max"
 
-_world = {"size": 1, "ordinal": 0}
+_world = {"size": 1, "ordinal": 0, "processes": 1, "process": 0}
+_replica = threading.local()  # the ordinal of a replica thread (replicas as threads of one process)
 recorder = None
 
 
@@ -41,9 +48,16 @@ def _record(name, **info):
         recorder(name, **info)
 
 
-def configure(world_size=1, ordinal=0):
-    """Set the simulated world (size and this replica's ordinal)."""
-    _world.update(size=world_size, ordinal=ordinal)
+def configure(world_size=1, ordinal=0, process_count=None, process_index=None):
+    """Set the simulated world: its size and this replica's ordinal; by default one replica per process
+    (``process_count`` = the world size, ``process_index`` = the ordinal)."""
+    _world.update(size=world_size, ordinal=ordinal, processes=world_size if process_count is None else process_count,
+                  process=ordinal if process_index is None else process_index)
+
+
+def enter_replica(ordinal):
+    """The calling thread is the replica ``ordinal`` (what ``xmp.spawn`` sets up in each replica thread)."""
+    _replica.ordinal = ordinal
 
 
 def xrt_world_size(defval=1):
@@ -54,15 +68,25 @@ world_size = xrt_world_size
 
 
 def get_ordinal(defval=0):
-    return _world["ordinal"]
+    return getattr(_replica, "ordinal", _world["ordinal"])
 
 
 def get_local_ordinal(defval=0):
-    return _world["ordinal"]
+    return get_ordinal() - _world["process"] * (_world["size"] // max(_world["processes"], 1))
 
 
 def is_master_ordinal(local=True):
-    return _world["ordinal"] == 0
+    return (get_local_ordinal() if local else get_ordinal()) == 0
+
+
+#: ``torch_xla.runtime`` of the simulation (torch_xla >= 2.1's documented functions).
+runtime = types.ModuleType("torch_xla.runtime")
+runtime.world_size = lambda: _world["size"]
+runtime.global_ordinal = lambda: get_ordinal()
+runtime.local_ordinal = lambda: get_local_ordinal()
+runtime.process_index = lambda: _world["process"]
+runtime.process_count = lambda: _world["processes"]
+runtime.device_type = lambda: "CPU"
 
 
 def xla_device(n=None, devkind=None):
@@ -171,6 +195,7 @@ def install(world_size=None, ordinal=None):
     torch_xla.__path__ = []
     core.__path__ = []
     torch_xla.core = core
+    torch_xla.runtime = runtime
     core.xla_model = me
     torch_xla.__simulated__ = "tpu_closure_fix._simulated_xla (CPU simulation of torch_xla)"
     if not getattr(torch_xla, "__version__", None):
@@ -178,6 +203,7 @@ def install(world_size=None, ordinal=None):
     sys.modules["torch_xla"] = torch_xla
     sys.modules["torch_xla.core"] = core
     sys.modules["torch_xla.core.xla_model"] = me
+    sys.modules["torch_xla.runtime"] = runtime
     if first:
         me.__name__ = "torch_xla.core.xla_model"
         _notify_import_hooks(me)

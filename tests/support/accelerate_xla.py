@@ -12,9 +12,9 @@ call, following torch_xla 2.1's documented behaviour on a CPU PJRT device:
   optimizer's parameters), ``send_cpu_data_to_device`` (CPU: the data
   itself), ``set_replication``, ``get_xla_supported_devices``, ``rendezvous``
   (a gloo barrier);
-* ``torch_xla.runtime``: ``world_size``, ``global_ordinal``, ``local_ordinal``
-  and ``device_type`` -- ``"CPU"``, what PJRT_DEVICE=CPU reports, so accelerate
-  takes no TPU-only branch;
+* ``torch_xla.runtime``: the simulation's own (``world_size``, ``global_ordinal``,
+  ``local_ordinal``, ``process_index``, ``process_count``, and ``device_type`` --
+  ``"CPU"``, what PJRT_DEVICE=CPU reports, so accelerate takes no TPU-only branch);
 * ``torch_xla.distributed.xla_multiprocessing`` / ``parallel_loader`` /
   ``torch_xla.amp``: imported by accelerate at module level, never called by
   the scenarios (no launcher, no prepared DataLoader, no XLA-GPU scaler); any
@@ -85,15 +85,6 @@ def _recording_all_reduce(simulated):
     return all_reduce
 
 
-def _runtime():
-    runtime = types.ModuleType("torch_xla.runtime")
-    runtime.world_size = lambda: xla_standin.xrt_world_size()
-    runtime.global_ordinal = lambda: xla_standin.get_ordinal()
-    runtime.local_ordinal = lambda: xla_standin.get_local_ordinal()
-    runtime.device_type = lambda: "CPU"
-    return runtime
-
-
 def install(world_size, ordinal):
     """Configure the simulated world and make the stand-in importable as torch_xla (before accelerate)."""
     xla_standin.configure(world_size, ordinal)
@@ -105,9 +96,7 @@ def install(world_size, ordinal):
             setattr(xm, name, function)
     if not hasattr(xm.all_reduce, "__wrapped_simulation__"):
         xm.all_reduce = _recording_all_reduce(xm.all_reduce)
-    torch_xla = sys.modules["torch_xla"]
-    if "torch_xla.runtime" not in sys.modules:
-        sys.modules["torch_xla.runtime"] = torch_xla.runtime = _runtime()
+    torch_xla = sys.modules["torch_xla"]  # its ``runtime`` is the simulation's (installed with it)
     if "torch_xla.distributed" not in sys.modules:
         distributed = types.ModuleType("torch_xla.distributed")
         distributed.__path__ = []

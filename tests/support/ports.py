@@ -54,6 +54,19 @@ def free_port(block=None, offset=None):
     raise AssertionError("no free port in %d..%d" % (ports[0], ports[-1]))
 
 
+def free_ports(count, block=None):
+    """``count`` distinct ports from :func:`free_port`, for servers that bind only later (each pick is free
+    now, so two picks before any bind may name the same port)."""
+    picked = []
+    for _ in range(count * BLOCK_SIZE):
+        port = free_port(block)
+        if port not in picked:
+            picked.append(port)
+            if len(picked) == count:
+                return picked
+    raise AssertionError("no %d distinct free ports" % count)
+
+
 def _bindable(port):
     with socket.socket() as sock:
         try:

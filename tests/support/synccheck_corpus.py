@@ -8,11 +8,11 @@ gathered from all replicas (``torch.distributed.all_gather_object``).
 
 Run as a replica process (``python -m support.synccheck_corpus --rank R --world W --port P --backend
 gloo|xla-standin --out FILE``): every kind and twin goes through ``compare_replicas`` once -- the
-first check -- over torch.distributed (gloo) or through the XLA channel on the torch_xla stand-in
+first check -- over torch.distributed (gloo) or through the XLA host channel on the torch_xla stand-in
 (whose ``xm.all_reduce`` / ``xm.all_gather`` are delegated to gloo). The stand-in needs a process group
 for its collectives, and with a process group initialised SyncCheck uses torch.distributed (its own gloo
 group) even when torch_xla is imported: the result file records that choice (``default_backend``), then
-the XLA channel is pinned for the cases. The result file holds, per case, the report and the oracle's
+the XLA host channel is pinned for the cases. The result file holds, per case, the report and the oracle's
 verdict. tests/unit/test_synccheck_replicas.py starts the replicas and asserts.
 """
 import argparse
@@ -278,7 +278,10 @@ def main(argv=None):
     if args.backend == "xla-standin":
         import torch_xla.core.xla_model as xm
 
-        pinned = comm.XlaChannel(xm, args.world)
+        # its own store on MASTER_PORT + 1 (the rule where TPU_CLOSURE_FIX_SYNC_CHECK_PORT is unset)
+        os.environ.pop(comm.PORT_VAR, None)
+        os.environ["MASTER_PORT"] = str(args.port)
+        pinned = comm.HostChannel(xm, args.world)
         comm.channel = lambda timeout=None: pinned  # the path of XLA without a process group
     cases = [run_case(kind, twin, args.rank, args.world) for kind in args.kinds.split(",")
              for twin in (False, True)]

@@ -7,10 +7,11 @@ prints one result line (``RESULT_MARK`` + JSON: ordinal -> findings). In every r
    int64, int8, uint8, bool, int16 buffers: every way a tensor's bits become words on XLA),
    computed on the XLA device, against the same computed on the CPU: the exact fields (structure, bit
    hashes, non-finite counts) must be bitwise equal, the float sums close (XLA may sum in another order);
-2. one ``compare_replicas`` on a model on the XLA device, traced: torch_xla's ``xm.all_reduce`` is
-   wrapped to dump the pending graph of its result (IR text and HLO) and then stop, because executing
-   a collective on CPU hangs (torch_xla 2.1) or aborts (2.9). The check must reach exactly one
-   all-reduce of the whole fingerprint vector, and -- stopped there -- report "unverified", not crash.
+2. one ``compare_replicas`` on a model on the XLA device (the same weights on both replicas): with no process
+   group it goes over the check's own host channel (TCPStore at ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT``, gloo),
+   never through an XLA collective: torch_xla's ``all_reduce`` and ``all_gather`` are replaced by functions
+   that record the call and raise (executing a collective on CPU hangs on torch_xla 2.1 and aborts on 2.9).
+   The check must call none of them and report "identical" over the 2 replicas.
 """
 import json
 import sys
@@ -21,8 +22,8 @@ _captured = {}
 _lock = threading.Lock()
 
 
-class CollectiveNotExecuted(RuntimeError):
-    """Raised by the tracing all_reduce after it dumped the graph: the collective never runs."""
+class CollectiveCalled(RuntimeError):
+    """Raised by torch_xla's collectives in this run: the check must issue none."""
 
 
 def _tensors():
@@ -78,48 +79,39 @@ def _fingerprint_matches(device):
             "bit_hashes_cpu": hashes, "bit_hashes_xla": hashes_xla}
 
 
-def _tracing_all_reduce(original):
-    import torch_xla
-
-    def all_reduce(reduce_type, inputs, *args, **kwargs):
-        out = original(reduce_type, inputs, *args, **kwargs)
-        tensors = [out] if not isinstance(out, list) else out
+def _forbidding(name):
+    def collective(*args, **kwargs):
         with _lock:
-            _captured[_ordinal()] = {
-                "reduce_type": str(reduce_type), "input_shapes": [list(t.shape) for t in tensors],
-                "ir": torch_xla._XLAC._get_xla_tensors_text(tensors),
-                "hlo": torch_xla._XLAC._get_xla_tensors_hlo(tensors)}
-        raise CollectiveNotExecuted("traced only: a collective cannot execute on CPU")
-    return all_reduce
+            _captured.setdefault(_ordinal(), []).append(name)
+        raise CollectiveCalled("the check issued xm.%s" % name)
+    return collective
 
 
-def _traced_check(device):
+def _host_check(device):
     import torch
 
     from tpu_closure_fix import synccheck
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).to(device)
-    report = synccheck.compare_replicas(model, step=7)
+    generator = torch.Generator().manual_seed(0)  # torch's global seed is shared by the replica threads
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    report = synccheck.compare_replicas(model.to(device), step=7)
     with _lock:
-        captured = dict(_captured.get(_ordinal(), {}))
-    ir, hlo = captured.pop("ir", ""), captured.pop("hlo", "")
-    captured.update(
-        report=None if report is None else report.as_dict(),
-        ir_all_reduces=ir.count("xla::cross_replica_sum("),
-        hlo_all_reduces=sum(1 for line in hlo.splitlines() if " all-reduce(" in line),
-        hlo_all_reduce_lines=[line.strip()[:200] for line in hlo.splitlines() if " all-reduce(" in line][:3])
-    return captured
+        called = list(_captured.get(_ordinal(), []))
+    return {"report": None if report is None else report.as_dict(), "xla_collectives": called}
 
 
-def _wrap_all_reduce_once():
-    """In the replica process (run_multiprocess starts a new one): torch_xla's all_reduce dumps, then stops."""
+def _forbid_collectives_once():
+    """In the replica process (run_multiprocess starts a new one): torch_xla's collectives record and raise."""
     import torch_xla.core.xla_model as xm
 
     with _lock:
-        if not getattr(xm.all_reduce, "traces_only", False):
-            xm.all_reduce = _tracing_all_reduce(xm.all_reduce)
-            xm.all_reduce.traces_only = True
+        for name in ("all_reduce", "all_gather"):
+            if not getattr(getattr(xm, name), "forbidden", False):
+                setattr(xm, name, _forbidding(name))
+                getattr(xm, name).forbidden = True
 
 
 def _replica():
@@ -127,11 +119,11 @@ def _replica():
 
     out = {}
     try:
-        _wrap_all_reduce_once()
+        _forbid_collectives_once()
         device = _device()
         out["ordinal"] = _ordinal()
         out["fingerprint"] = _fingerprint_matches(device)
-        out["check"] = _traced_check(device)
+        out["check"] = _host_check(device)
     except Exception as exc:  # reported to the test, with the reason
         out["error"] = "%s: %s\n%s" % (type(exc).__name__, exc, traceback.format_exc()[-2000:])
     return out

@@ -70,10 +70,14 @@ def names():
     return [name for name, _ in events]
 
 
-def configure(world_size=1, ordinal=0):
+def configure(world_size=1, ordinal=0, process_count=None, process_index=None):
     """Set the simulated world; events are recorded from now on."""
-    _sim.configure(world_size, ordinal)
+    _sim.configure(world_size, ordinal, process_count, process_index)
     _sim.recorder = record
+
+
+enter_replica = _sim.enter_replica
+runtime = _sim.runtime
 
 
 def install():

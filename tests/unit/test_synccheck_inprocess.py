@@ -43,8 +43,9 @@ def test_a_channel_only_with_another_replica(monkeypatch, dist, expected):
         assert type(channel) is expected and (channel.rank, channel.size, channel.timeout) == (0, 2, 5)
 
 
-@pytest.mark.parametrize("size,expected", [(1, None), (2, comm.XlaChannel)], ids=["one-device", "two-devices"])
-def test_an_xla_channel_only_with_another_device(monkeypatch, size, expected):
+@pytest.mark.parametrize("size,expected", [(1, None), (2, comm.HostChannel)], ids=["one-device", "two-devices"])
+def test_a_host_channel_only_with_another_xla_device(monkeypatch, size, expected):
+    """torch_xla without a process group: the check's own host channel (never an XLA collective)."""
     import sys
 
     monkeypatch.setitem(sys.modules, "torch.distributed", None)

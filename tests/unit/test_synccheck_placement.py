@@ -266,13 +266,13 @@ def test_ddp_groups_finds_the_parameters_of_a_live_ddp_module(monkeypatch):
 # ---- the replicas of xm.optimizer_step ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("declared, kind, size, xla_size, expected", [
-    (groups.AUTO, "xla", 2, 2, groups.WORLD),  # XLA without a process group: the check's world is torch_xla's
+    (groups.AUTO, "xla host", 2, 2, groups.WORLD),  # XLA without a process group: the check's world is torch_xla's
     (groups.AUTO, "torch.distributed", 2, 2, groups.WORLD),  # torch_xla beside a process group of its size
     (groups.AUTO, "torch.distributed", 4, 2, groups.AUTO),  # torch_xla's world is not the check's
     (groups.AUTO, "torch.distributed", 2, 1, groups.AUTO),  # torch_xla not imported
     (groups.AUTO, "torch.distributed", 1, 1, groups.AUTO),
     (groups.AUTO, "threads", 2, None, groups.AUTO),
-    ((0, 1), "xla", 4, 4, (0, 1)),  # the user's declaration stands
+    ((0, 1), "xla host", 4, 4, (0, 1)),  # the user's declaration stands
     (groups.WORLD, "torch.distributed", 2, 1, groups.WORLD),
 ])
 def test_the_replicas_of_the_xla_step_are_a_declared_layout(declared, kind, size, xla_size, expected):

@@ -1,6 +1,7 @@
 """SyncCheck's comparison across real replica processes: the corpus of divergence kinds
 (tests/support/synccheck_corpus.py), each with its identical twin, over torch.distributed (gloo) with 2
-and 8 replicas and through the XLA channel on the torch_xla stand-in with 2, every case at its first
+and 8 replicas and through the XLA host channel (the check's own store and gloo group, no XLA collective)
+on the torch_xla stand-in with 2, every case at its first
 check; the oracle is the SHA-256 of every tensor's bytes. Then single-process properties of the
 fingerprint, of the verdict read from a reduced vector, and of what a report does.
 
@@ -65,7 +66,7 @@ def test_every_kind_is_caught_at_the_first_check_and_every_twin_passes(corpus):
     for rank, kind, twin, case in _cases(corpus):
         report = case["report"]
         assert report is not None and report["world_size"] == world, (kind, twin, report)
-        assert report["backend"] == ("xla" if backend == "xla-standin" else "torch.distributed")
+        assert report["backend"] == ("xla host" if backend == "xla-standin" else "torch.distributed")
         assert case["outcome"] == case["oracle"], (rank, kind, twin, case["message"])
         assert case["diverged"] == (case["oracle"] in ("differ", "structure")), (rank, kind, twin)
         if case["oracle"] != "unverified":  # each case is a new model: its own first check

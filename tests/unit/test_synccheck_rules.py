@@ -736,7 +736,7 @@ def test_a_stream_stops_only_when_the_first_check_rule_took_every_tensor_out(nam
     assert compare.nothing_left(said) is (not left)
 
 
-@pytest.mark.parametrize("kind, undecided", [("xla", set()), ("threads", {0}), ("torch.distributed", {0})])
+@pytest.mark.parametrize("kind, undecided", [("xla host", set()), ("threads", {0}), ("torch.distributed", {0})])
 def test_on_xla_without_a_process_group_the_replicas_of_the_step_are_the_layout(kind, undecided, monkeypatch):
     monkeypatch.setattr(groups, "ddp_groups", lambda named: {})
     channel = types.SimpleNamespace(kind=kind, rank=0, size=2)

@@ -150,7 +150,7 @@ def test_the_worker_stops_within_its_bound_and_leaves_no_thread():
 
 def test_a_failure_inside_the_worker_is_said_once_and_no_check_is_taken_after(monkeypatch, recwarn):
     monkeypatch.setitem(worker._state, "failed", None)
-    monkeypatch.setitem(worker._state, "worker", None)
+    monkeypatch.setattr(worker, "_workers", {})
     broken = worker.Worker()
     monkeypatch.setattr(broken, "_agree", lambda: 1 / 0)
     broken.pending["x"] = object()  # something pending: the loop polls at once
@@ -159,4 +159,4 @@ def test_a_failure_inside_the_worker_is_said_once_and_no_check_is_taken_after(mo
     said = [str(w.message) for w in recwarn if "worker thread failed" in str(w.message)]
     assert said == ["tpu-closure-fix: the sync check's worker thread failed (ZeroDivisionError: division by zero) "
                     "and the zero-code check is now off; training goes on."]
-    assert worker.submit(object()) is False and worker._state["worker"] is None
+    assert worker.submit(object()) is False and worker._workers == {}

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import types
 import warnings
 
 import pytest
@@ -641,20 +642,31 @@ def test_checks_handed_over_before_a_first_check_that_left_nothing_to_compare_sa
     assert len(handed) == 2  # the stream stood down: no further check
 
 
-@pytest.mark.parametrize("device, on_xla", [("xla", True), ("cpu", False), ("cuda", False), (None, False)])
-def test_only_xla_parameters_keep_the_check_on_the_training_thread(device, on_xla):
-    """XLA tensors are read only from the thread that runs their graphs; every other device's check is handed
-    to the worker."""
-    import types
+class HostChannel(comm.HostChannel):
+    """torch_xla's channel without a process group (rank ``rank`` of 2), no store: the worker is replaced."""
 
-    parameter = types.SimpleNamespace(device=types.SimpleNamespace(type=device)) if device else object()
-    optimizer = types.SimpleNamespace(param_groups=[{"params": []}, {"params": [parameter]}])
-    assert synchook._on_xla(optimizer) is on_xla
+    def __init__(self, rank=0):
+        self.rank, self.size, self.timeout = rank, 2, 5
+        self.worker_scope = ("xla replica", rank)
 
 
-def test_twin_an_xla_optimizer_with_a_process_group_is_checked_on_the_training_thread(handed, monkeypatch):
+@pytest.mark.parametrize("made", [DistributedChannel, HostChannel], ids=["process-group", "xla-host"])
+def test_every_store_channel_hands_the_check_to_the_worker(handed, monkeypatch, made):
+    """With a process group or on torch_xla without one, the training thread only fingerprints: the
+    fingerprint and each tensor's details reach the host in one transfer, so the worker never reads a device
+    (an XLA) tensor."""
+    channel = made()
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: channel)
+    synchook.arm(1, "warn")
+    step(sgd())
+    assert [(job.pending.step, job.pending.channel) for job in handed] == [(0, channel), (1, channel)]
+    assert all(job.group == (1 if made is DistributedChannel else None) for job in handed)
+
+
+def test_twin_a_channel_of_another_kind_is_checked_on_the_training_thread(handed, monkeypatch):
+    """A channel that is not one of the check's store channels (a caller's own) keeps the whole check here."""
     ran = []
-    monkeypatch.setattr(synchook, "_on_xla", lambda optimizer: True)
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: types.SimpleNamespace(rank=0, size=2))
     monkeypatch.setattr(synchook.compare, "run", lambda *args, **kwargs: ran.append(args[1]) or None)
     monkeypatch.setattr(synchook, "_delivered", lambda *args, **kwargs: None)
     synchook.arm(1, "warn")

@@ -8,8 +8,9 @@ The check's parts, one module each:
   world; a DTensor's Replicate mesh dimensions; neuronx-distributed's data-parallel groups; flat FSDP
   shards are not compared);
 * how the replicas exchange it -- :mod:`.comm`: a gloo group of the check's own, entered only when every
-  rank agreed it reached the check, or ``xm.all_reduce`` on XLA without a process group; :mod:`.worker`:
-  the zero-code check's agreement and exchange on a thread of their own, off the training thread;
+  rank agreed it reached the check, through the process group's store or, on XLA without a process group,
+  a store of the check's own (never an XLA collective); :mod:`.worker`: the zero-code check's agreement and
+  exchange on a thread of their own per rank, off the training thread;
 * one check and its verdict -- :mod:`.compare` (``compare_replicas``, ``check_sync``);
 * when the zero-code check runs -- :mod:`.hook` (``TPU_CLOSURE_FIX_SYNC_CHECK``);
 * what is said -- :mod:`.report` (the ``SyncReport``, one warning per check from rank 0) and

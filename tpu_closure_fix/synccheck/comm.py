@@ -12,15 +12,24 @@ Picked at each check from the process's environment alone:
   rank's answer). A rank enters
   the collective only on "go", so a check that some rank never reaches (an optimizer stepped on one
   rank only, a rank gone, ranks out of step) is entered by none: it stands down with one warning.
-  :meth:`DistributedChannel.agree` is that agreement on the calling thread (``compare_replicas``,
+  :meth:`_StoreChannel.agree` is that agreement on the calling thread (``compare_replicas``,
   ``check_sync``, the callback); the zero-code check runs the same votes on its worker thread
   (:mod:`.worker`), every pending check at once, so no training thread waits there.
-* torch_xla with a world size > 1 and no process group: ``xm.all_reduce`` inside the XLA graph. There
-  is no side channel to agree on, so this path relies on every replica checking at the same steps.
+* torch_xla with a world size > 1 and no process group (``xmp.spawn``, Lightning's ``XLAStrategy``,
+  accelerate on XLA): :class:`HostChannel`, the same agreement and the same gloo exchange on the host, over
+  a ``torch.distributed.TCPStore`` of the check's own (its server in one process, one connection per rank,
+  made lazily off the training thread) found the way torch_xla's ``xla://`` init method finds its master:
+  ``MASTER_ADDR``, else TPU worker 0's address on a TPU, else 127.0.0.1; on port
+  ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT``, else ``MASTER_PORT`` + 1 (12356 by default). The server is in the
+  process of ``process_index() == 0``. A
+  replica is a rank (``runtime.global_ordinal()``), also where the replicas are threads of one process
+  (PJRT on CPU, TPU v2/v3): each has its own worker and gloo group. No XLA collective is ever issued, so a
+  check one replica skips stands down instead of hanging the device.
 * Otherwise (one process, world size 1): no channel; a check does nothing.
 """
 import os
 import sys
+import threading
 
 #: Seconds a rank waits for the others to reach the same check (or for the check's collective) before
 #: it stands down; ``TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`` overrides it. Long enough for the first check
@@ -28,10 +37,13 @@ import sys
 DEFAULT_TIMEOUT = 300
 TIMEOUT_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT"
 KEY_PREFIX = "tpu_closure_fix/synccheck/"
+PORT_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK_PORT"
+#: torch_xla's ``xla://`` rendezvous port when ``MASTER_PORT`` is unset; the check's store takes the next one.
+DEFAULT_MASTER_PORT = 12355
 
-_groups = {}  # (id(default process group), user) -> the check's own gloo group
-_made = {}  # user -> the check's groups made for it in this process: each its own prefix of the store
-#: The name of the zero-code check's worker thread (:mod:`.worker`).
+_groups = {}  # (scope, user, rank) -> the check's own gloo group
+_made = {}  # (user, rank) -> the check's groups made for it in this process: each its own prefix of the store
+#: The name of the zero-code check's worker threads (:mod:`.worker`).
 WORKER_THREAD = "tpu-closure-fix-synccheck"
 
 
@@ -45,7 +57,7 @@ def _user_of_groups():
 
 
 def release_groups():
-    """Let go of the check's own gloo group (its connections close with it): the job is ending its process
+    """Let go of the check's own gloo groups (their connections close with them): the job is ending its process
     group."""
     _groups.clear()
 
@@ -82,6 +94,73 @@ def parse_timeout(raw):
                                                                                   TIMEOUT_VAR))
 
 
+def parse_port(raw, master_port=None):
+    """(port, problem) of the check's own store: ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT`` (``raw``) when it is a
+    port number, else ``MASTER_PORT`` + 1 (``master_port``: its raw value; unset or not a port: torch_xla's
+    default 12355, so 12356). ``problem``: the message for a bad ``raw``."""
+    from ..config import ASCII_WHITESPACE, quote_value
+
+    fallback = _port_number(master_port)
+    fallback = (fallback if fallback is not None and fallback < 65535 else DEFAULT_MASTER_PORT) + 1
+    value = "" if raw is None else raw.strip(ASCII_WHITESPACE)
+    if value == "":
+        return fallback, None
+    port = _port_number(value)
+    if port is not None:
+        return port, None
+    return fallback, ("%s=%s is not an accepted value; accepted: a TCP port number 1-65535 (ASCII digits, e.g. "
+                      "12356), or unset (MASTER_PORT + 1). Using %d." % (PORT_VAR, quote_value(raw), fallback))
+
+
+def _port_number(raw):
+    value = (raw or "").strip()
+    if 0 < len(value) <= 5 and value.isascii() and value.isdigit() and 0 < int(value) <= 65535:
+        return int(value)
+    return None
+
+
+_said_ports = set()
+
+
+def store_port(environ=None):
+    """The port of the check's own store from the environment; a bad value is said once per process."""
+    import warnings
+
+    from ..config import TPUClosureFixWarning
+
+    environ = os.environ if environ is None else environ
+    port, problem = parse_port(environ.get(PORT_VAR), environ.get("MASTER_PORT"))
+    if problem and problem not in _said_ports:
+        _said_ports.add(problem)
+        warnings.warn(problem, TPUClosureFixWarning, stacklevel=2)
+    return port
+
+
+def store_host(environ=None, device_type=None, discover=None):
+    """The host of the check's store, found as torch_xla's ``xla://`` init method finds its master:
+    ``MASTER_ADDR``, else on a TPU worker 0's address (``discover()``), else 127.0.0.1."""
+    environ = os.environ if environ is None else environ
+    host = (environ.get("MASTER_ADDR") or "").strip()
+    if host:
+        return host
+    if device_type == "TPU" and discover is not None:
+        return discover()
+    return "127.0.0.1"
+
+
+def _xla_runtime():
+    """torch_xla's runtime module when torch_xla is already imported here (never imports torch_xla itself)."""
+    if sys.modules.get("torch_xla.core.xla_model") is None:
+        return None
+    runtime = sys.modules.get("torch_xla.runtime")
+    if runtime is None:
+        try:
+            import torch_xla.runtime as runtime  # torch_xla >= 2.1
+        except Exception:
+            return None
+    return runtime
+
+
 def _xla_world():
     """(xla_model module, world size) when torch_xla is already imported here, else (None, 1). Never
     imports torch_xla: a process that has not imported it is not running on XLA."""
@@ -89,11 +168,8 @@ def _xla_world():
     if xm is None:
         return None, 1
     size = None
-    runtime = sys.modules.get("torch_xla.runtime")
     try:
-        if runtime is None:
-            import torch_xla.runtime as runtime  # torch_xla >= 2.1
-        size = runtime.world_size()
+        size = _xla_runtime().world_size()
     except Exception:
         fn = getattr(xm, "xrt_world_size", None) or getattr(xm, "world_size", None)
         try:
@@ -109,6 +185,7 @@ def xla_world_size():
 
 
 def _xla_ordinal(xm):
+    """This replica's global ordinal (per thread where the replicas are threads of one process)."""
     runtime = sys.modules.get("torch_xla.runtime")
     fn = getattr(runtime, "global_ordinal", None) or getattr(xm, "get_ordinal", None)
     try:
@@ -117,27 +194,50 @@ def _xla_ordinal(xm):
         return 0
 
 
+def replica_index():
+    """Which of this process's replicas the calling thread is: torch_xla's global ordinal when torch_xla is
+    imported and there is no process group (replicas may be threads of one process), else 0 (a process
+    group's rank is a process: one replica each)."""
+    xm = sys.modules.get("torch_xla.core.xla_model")
+    return 0 if xm is None or _process_group_initialized() else _xla_ordinal(xm)
+
+
+def _process_group_initialized():
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:
+        return False
+
+
 def channel(timeout=None):
-    """The channel of this process for a check now, or None (one device: nothing to compare)."""
+    """The channel of this process for a check now, or None (one device: nothing to compare). Called on the
+    thread of the replica it is for (its rank is that thread's)."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return DistributedChannel(dist, timeout)
     xm, size = _xla_world()
     if xm is not None and size > 1:
-        return XlaChannel(xm, size)
+        return HostChannel(xm, size, timeout)
     return None
 
 
-class DistributedChannel(object):
-    kind = "torch.distributed"
+def _timeout(timeout):
+    if timeout is None:
+        timeout, _ = parse_timeout(os.environ.get(TIMEOUT_VAR))
+    return timeout
 
-    def __init__(self, dist, timeout=None):
-        self.dist = dist
-        self.rank = dist.get_rank()
-        self.size = dist.get_world_size()
-        if timeout is None:
-            timeout, _ = parse_timeout(os.environ.get(TIMEOUT_VAR))
-        self.timeout = timeout
+
+class _StoreChannel(object):
+    """What both channels share: the agreement through a store, the exchange on a gloo group of the check's
+    own built over a prefix of that store. Subclasses give ``_store()``, ``_scope()`` (what the group is
+    made over: a new scope, a new group) and ``worker_scope`` (which worker thread serves this rank)."""
+
+    kind = None
+    worker_scope = "process"
+
+    def __init__(self, rank, size, timeout):
+        self.rank, self.size, self.timeout = rank, size, _timeout(timeout)
 
     def device(self, tensors):
         """Where the vector is computed: the parameters' own device (one pass there, one copy to the host)."""
@@ -146,7 +246,19 @@ class DistributedChannel(object):
         return tensors[0].device if tensors else torch.device("cpu")
 
     def _store(self):
-        return self.dist.distributed_c10d._get_default_store()
+        raise NotImplementedError
+
+    def _scope(self):
+        raise NotImplementedError
+
+    def _c10d(self):
+        """The torch.distributed module whose gloo classes build and drive the check's group."""
+        import torch.distributed as dist
+
+        return dist
+
+    def _failed_store(self, exc):
+        return StoodDown("the store of the process group failed (%s: %s)" % (type(exc).__name__, exc), broken=True)
 
     def agree(self, key):
         """Whether every rank reached check ``key`` (see the module docstring). Raises StoodDown when the
@@ -167,9 +279,10 @@ class DistributedChannel(object):
                 delay = min(delay * 2, 0.05)
                 arrived = store.add(key + "/arrived", 0)
             decision = store.compare_set(key + "/decision", "", "go" if arrived >= self.size else "abort")
+        except StoodDown:
+            raise
         except Exception as exc:
-            raise StoodDown("the store of the process group failed (%s: %s)" % (type(exc).__name__, exc),
-                            broken=True)
+            raise self._failed_store(exc)
         return decision in (b"go", "go")
 
     def forget(self, key):
@@ -184,38 +297,48 @@ class DistributedChannel(object):
             pass
 
     def _group(self):
-        """The check's own gloo process group, made once per default group: a ``ProcessGroupGloo`` built
-        directly over a prefix of the default group's store. Building it is a rendezvous of the ranks' checks
-        only (entered after every rank agreed "go"): no collective on the default group, and none of the
-        process-wide group numbering ``new_group`` uses, so making it from the check's worker thread cannot
-        pair with groups the training makes meanwhile."""
+        """The check's own gloo process group of this rank, made once per scope: a ``ProcessGroupGloo`` built
+        directly over a prefix of the store. Building it is a rendezvous of the ranks' checks only (entered
+        after every rank agreed "go"): no collective on the job's groups, and none of the process-wide group
+        numbering ``new_group`` uses, so making it from the check's worker thread cannot pair with groups the
+        training makes meanwhile. Keyed per rank: replicas that are threads of one process each have theirs."""
         from datetime import timedelta
 
-        default = self.dist.distributed_c10d._get_default_group()
-        user = _user_of_groups()
-        group = _groups.get((id(default), user))
+        dist = self._c10d()
+        scope, user = self._scope(), _user_of_groups()
+        group = _groups.get((scope, user, self.rank))
         if group is None:
-            for key in [k for k in _groups if k[0] != id(default)]:
+            for key in [k for k in _groups if k[0][0] == scope[0] and k[0] != scope]:
                 del _groups[key]  # a group of an earlier default group
-            _made[user] = _made.get(user, 0) + 1
-            prefix = self.dist.PrefixStore("%sgroup/%s/%d" % (KEY_PREFIX, user, _made[user]), self._store())
-            group = self.dist.ProcessGroupGloo(prefix, self.rank, self.size, timedelta(seconds=self.timeout))
-            _groups[(id(default), user)] = group
+            made = _made[(user, self.rank)] = _made.get((user, self.rank), 0) + 1
+            prefix = dist.PrefixStore("%sgroup/%s/%d" % (KEY_PREFIX, user, made), self._store())
+            group = dist.ProcessGroupGloo(prefix, self.rank, self.size, timedelta(seconds=self.timeout))
+            _groups[(scope, user, self.rank)] = group
         return group
 
     def _run(self, what, fn):
         try:
-            return fn(self._group())
+            group = self._group()
+        except StoodDown:
+            raise
         except Exception as exc:
-            raise StoodDown("the check's %s did not complete (%s: %s): a peer gone or timed out"
-                            % (what, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""), broken=True)
+            raise self._did_not_complete(what, exc)
+        try:
+            return fn(group)
+        except Exception as exc:
+            raise self._did_not_complete(what, exc)
+
+    def _did_not_complete(self, what, exc):
+        return StoodDown("the check's %s did not complete (%s: %s): a peer gone or timed out"
+                         % (what, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""), broken=True)
 
     def all_reduce_max(self, vector):
+        dist = self._c10d()
         host = vector.detach().to("cpu", copy=True)
 
         def reduce(group):
-            options = self.dist.AllreduceOptions()
-            options.reduceOp = self.dist.ReduceOp.MAX
+            options = dist.AllreduceOptions()
+            options.reduceOp = dist.ReduceOp.MAX
             group.allreduce([host], options).wait()
             return host
         return self._run("all-reduce", reduce)
@@ -232,37 +355,113 @@ class DistributedChannel(object):
         return self._run("all-gather", gather)
 
 
-class XlaChannel(object):
-    kind = "xla"
+class DistributedChannel(_StoreChannel):
+    """torch.distributed's world: agreement through the job's store (one worker thread per process)."""
 
-    def __init__(self, xm, size):
-        self.xm = xm
-        self.size = size
-        self.rank = _xla_ordinal(xm)
+    kind = "torch.distributed"
 
-    def device(self, tensors):
-        torch_xla = sys.modules.get("torch_xla")
-        device_fn = getattr(torch_xla, "device", None)  # torch_xla >= 2.5: xm.xla_device is deprecated
-        return device_fn() if callable(device_fn) else self.xm.xla_device()
+    def __init__(self, dist, timeout=None):
+        self.dist = dist
+        super().__init__(dist.get_rank(), dist.get_world_size(), timeout)
 
-    def agree(self, key):
-        return True  # no side channel under XLA: the replicas' schedule is the agreement
+    def _store(self):
+        return self.dist.distributed_c10d._get_default_store()
 
-    def forget(self, key):
-        pass
+    def _c10d(self):
+        return self.dist
 
-    def all_reduce_max(self, vector):
-        try:
-            out = self.xm.all_reduce(self.xm.REDUCE_MAX, vector)
-            out = vector if out is None else out
-            return out.detach().cpu()
-        except Exception as exc:
-            raise StoodDown("the check's all-reduce failed (%s: %s)" % (type(exc).__name__, exc), broken=True)
+    def _scope(self):
+        return ("process group", id(self.dist.distributed_c10d._get_default_group()))
 
-    def all_gather(self, vector):
-        try:
-            here = vector.to(self.device([]))
-            rows = self.xm.all_gather(here.unsqueeze(0), dim=0).detach().cpu()
-        except Exception as exc:
-            raise StoodDown("the check's all-gather failed (%s: %s)" % (type(exc).__name__, exc), broken=True)
-        return list(rows)
+
+class HostChannel(_StoreChannel):
+    """torch_xla's replicas without a process group: agreement and exchange on the host, over the check's own
+    store (:func:`host_store`); never an XLA collective. Made on the replica's own thread (its rank is that
+    thread's ordinal); its store and group are made by whoever first exchanges (the worker thread)."""
+
+    kind = "xla host"
+
+    def __init__(self, xm, size, timeout=None):
+        runtime = sys.modules.get("torch_xla.runtime")
+        super().__init__(_xla_ordinal(xm), size, timeout)
+        self.worker_scope = ("xla replica", self.rank)
+        self.server = _call(getattr(runtime, "process_index", None), 0) == 0
+        self.device_type = _call(getattr(runtime, "device_type", None), None)
+
+    def _store(self):
+        return host_store(self.server, self.device_type, self.timeout, self.rank)
+
+    def _scope(self):
+        return ("xla host", 0)
+
+    def _failed_store(self, exc):
+        return StoodDown("the sync check's own store failed (%s: %s)" % (type(exc).__name__, exc), broken=True)
+
+
+def _call(fn, default):
+    try:
+        return fn() if fn is not None else default
+    except Exception:
+        return default
+
+
+_host = {"server": None, "clients": {}, "failed": None}
+_host_lock = threading.Lock()
+
+
+def host_store(server, device_type=None, timeout=DEFAULT_TIMEOUT, rank=0):
+    """Rank ``rank``'s connection to the check's store: a TCPStore at :func:`store_host` and
+    :func:`store_port` whose server runs in the process with ``process_index() == 0`` (one per process, made
+    at the first call; never on the training thread: a client may wait for the server). Each rank has a
+    connection of its own: a TCPStore client serves one call at a time, and the gloo rendezvous of one
+    replica thread blocks in a ``get`` until the others have written their keys. A store that cannot be made
+    raises StoodDown (broken), the same one at every later call in the process."""
+    with _host_lock:
+        if _host["failed"] is not None:
+            raise _host["failed"]
+        client = _host["clients"].get(rank)
+        if client is None:
+            if server and _host["server"] is None:
+                _host["server"] = _open_store(True, device_type, timeout)
+            client = _host["clients"][rank] = _open_store(False, device_type, timeout)
+        return client
+
+
+def _open_store(server, device_type, timeout):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    port = store_port()
+    host = None
+    try:
+        host = store_host(device_type=device_type, discover=_tpu_master)
+        return dist.TCPStore(host, port, None, server, timedelta(seconds=timeout), wait_for_workers=False)
+    except Exception as exc:
+        _host["failed"] = StoodDown(
+            "its store at %s:%d could not be %s (%s: %s); set %s to a free port (the same on every host)%s"
+            % (host or "?", port, "opened" if server else "reached", type(exc).__name__,
+               str(exc).splitlines()[0] if str(exc) else "", PORT_VAR,
+               "" if server else ", and MASTER_ADDR to the address of the host of process 0"), broken=True)
+        raise _host["failed"]
+
+
+def _tpu_master():
+    from torch_xla._internal import tpu
+
+    return tpu.discover_master_worker_ip()
+
+
+_forked_away = []  # the parent's store connections, kept unreleased in a forked child (its sockets are the parent's)
+
+
+def _after_fork_in_child():
+    """A forked child makes its own store: the parent's connection is not its own."""
+    global _host_lock
+    _host_lock = threading.Lock()
+    _forked_away.append(dict(_host))
+    _host.update(server=None, clients={}, failed=None)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -136,14 +136,33 @@ def prepare(obj, step, stream, barrier=None, channel=None):
             details = {}
             vector = fingerprint.local_vector(layout.entries, layout.structures, device, step=step,
                                               lanes=layout.lanes, details=details)
-            if isinstance(channel, comm.DistributedChannel) and vector.device.type != "cpu":
-                # the one device-to-host copy, now, on the training thread; nothing lazy is kept for later
-                # (XLA would add it to the training step's next graph)
-                vector, details = vector.to("cpu"), {}
+            if vector.device.type != "cpu":
+                # the one device-to-host copy, now, on the training thread: nothing lazy is kept for later
+                # (XLA would add it to the training step's next graph), and nothing later reads a device
+                # tensor (an XLA tensor read from the worker thread fails inside PJRT)
+                vector, details = _to_host(vector, details)
             layout.details = details  # each tensor's own hash and sums, for naming a difference exactly
         except Exception as exc:  # this replica still joins the check, flagged "could not fingerprint"
             error, vector = exc, fingerprint.failed_vector(step=step)
     return Pending(channel, stream, step, barrier, layout, vector, error)
+
+
+def _to_host(vector, details):
+    """(vector, details) on the host, in ONE device-to-host transfer: the vector, each tensor's bit hash (as
+    its two exact 16-bit halves in float32) and its sums are concatenated on the device, copied once, and
+    split on the host (the hashes come back as unsigned 32-bit values in int64)."""
+    import torch
+
+    hashes, stats = details.get("hashes"), details.get("stats")
+    if hashes is None or stats is None:
+        return vector.to("cpu"), {}
+    count, length = hashes.numel(), vector.numel()
+    hi = torch.bitwise_right_shift(hashes, 16).bitwise_and(0xFFFF).to(torch.float32)
+    lo = hashes.bitwise_and(0xFFFF).to(torch.float32)
+    host = torch.cat([vector, hi, lo, stats.to(torch.float32).reshape(-1)]).to("cpu")
+    halves = host[length:length + 2 * count].to(torch.int64)
+    return host[:length], {"hashes": halves[:count] * 65536 + halves[count:],
+                           "stats": host[length + 2 * count:].reshape(count, -1)}
 
 
 def exchange(pending, tolerance=DEFAULT_TOLERANCE):
@@ -186,8 +205,9 @@ def run(obj, step, stream, barrier=None, tolerance=DEFAULT_TOLERANCE, channel=No
                              "some ranks only, ranks out of step, or a rank gone"
                              % (_check_number(stream), getattr(channel, "timeout", "?")))
     report = exchange(pending, tolerance)
-    channel.forget(_previous.pop(stream.key, None))
-    _previous[stream.key] = pending.barrier
+    previous = (channel.rank, stream.key)  # per rank: replicas may be threads of this process
+    channel.forget(_previous.pop(previous, None))
+    _previous[previous] = pending.barrier
     return report
 
 
@@ -196,7 +216,7 @@ def _check_number(stream):
     return "check #%d" % stream.checks if stream.checks >= 0 else "a check of an object with no history"
 
 
-_previous = {}  # stream key -> the barrier of its last check (its store keys are deleted at the next)
+_previous = {}  # (rank, stream key) -> the barrier of its last check (its store keys are deleted at the next)
 
 
 def decide(decoded, layout, error, channel, step, tolerance):
@@ -424,7 +444,7 @@ def _stream_of(obj, replicas=groups.AUTO):
     return stream
 
 
-_api_checks = [0]
+_api_checks = {}  # rank -> compare_replicas calls so far (the check's name to the other ranks)
 
 
 def compare_replicas(model, step=None, tolerance=DEFAULT_TOLERANCE, replicas=groups.AUTO):
@@ -445,9 +465,10 @@ def compare_replicas(model, step=None, tolerance=DEFAULT_TOLERANCE, replicas=gro
     stream = _stream_of(model, replicas)
     if stream.apart is not None and replicas == groups.AUTO:
         return _still_apart(stream.apart, step, tolerance)
-    _api_checks[0] += 1
+    # counted per rank: replicas that are threads of one process each count their own calls
+    _api_checks[channel.rank] = _api_checks.get(channel.rank, 0) + 1
     try:
-        report = run(model, step, stream, "api/%d" % _api_checks[0], tolerance, channel)
+        report = run(model, step, stream, "api/%d" % _api_checks[channel.rank], tolerance, channel)
     except comm.StoodDown as exc:
         return SyncReport(step, channel.size, channel.kind, [], tolerance=tolerance, outcome="unverified",
                           reason=str(exc))

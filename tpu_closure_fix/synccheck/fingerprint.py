@@ -582,10 +582,10 @@ def _slot_fields(held, slots):
     for per_slot in (shape_sums, dtype_sums):
         halves = [_halves(v) for v in per_slot]
         fields += [h for h, _ in halves] + [l for _, l in halves]
-    mask = torch.tensor(present, dtype=torch.float32) > 0
-    _slot_cache.clear()
-    _slot_cache[(held, slots)] = torch.tensor(fields, dtype=torch.float32), mask
-    return _slot_cache[(held, slots)]
+    made = torch.tensor(fields, dtype=torch.float32), torch.tensor(present, dtype=torch.float32) > 0
+    _slot_cache.clear()  # replica threads of one process may fingerprint at once: each returns its own
+    _slot_cache[(held, slots)] = made
+    return made
 
 
 def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK, step=None, lanes=1,

@@ -296,12 +296,12 @@ def declaration(replicas, rank):
 
 def step_replicas_declaration(declared, kind, size, xla_size):
     """The declaration once the replicas of ``xm.optimizer_step`` are taken as the data-parallel layout:
-    ``"auto"`` becomes ``"world"`` on XLA without a process group (``kind == "xla"``: the check's world is
+    ``"auto"`` becomes ``"world"`` on XLA without a process group (``kind == "xla host"``: the check's world is
     torch_xla's) and where torch_xla's world of ``xla_size`` replicas is the check's world of ``size``
     ranks (torch_xla beside a process group); anything else is kept."""
     if declared != AUTO:
         return declared
-    if kind == "xla" or (xla_size is not None and xla_size > 1 and xla_size == size):
+    if kind == "xla host" or (xla_size is not None and xla_size > 1 and xla_size == size):
         return WORLD
     return declared
 

@@ -25,10 +25,12 @@ every N. Each optimizer is a *stream* named by its parameters' shapes and dtypes
 same optimizer alike; before a check's collective the ranks agree that all of them reached that check of
 that stream (:mod:`.comm`): an optimizer stepped on some ranks only (a rank-0 probe model) never gets a
 collective, its stream stands down after the agreement's timeout with one warning, and the other streams
-go on. With a torch.distributed process group the training thread only fingerprints (:func:`.compare.prepare`)
-and goes on; the agreement, the exchange, the verdict and the report run on the process's worker thread
-(:mod:`.worker`), and a divergence to raise is raised by the training thread at the optimizer step the ranks
-agreed on. A process without a process group, or with world size 1, only counts.
+go on. The training thread only fingerprints (:func:`.compare.prepare`, the result copied to the host in one
+transfer) and goes on; the agreement, the exchange, the verdict and the report run on its rank's worker thread
+(:mod:`.worker`), over the process group's store or, on torch_xla without one, the check's own
+(:class:`.comm.HostChannel`); a divergence to raise is raised by the training thread at the optimizer step the
+ranks agreed on. A process of world size 1 only counts. Replicas that are threads of one process (torch_xla's
+PJRT on CPU, TPU v2/v3) each count and name their optimizers on their own.
 
 Reports name tensors by module path (``encoder.layers.3.weight``), found among the live modules holding
 the optimizer's parameters when something is reported. A failure inside the hook (anything but the
@@ -142,6 +144,10 @@ def arm_from_environment(environ=None):
     _, problem = comm.parse_timeout(environ.get(comm.TIMEOUT_VAR))
     if problem:
         _warn_once(("value", comm.TIMEOUT_VAR, environ.get(comm.TIMEOUT_VAR)), problem)
+    _, problem = comm.parse_port(environ.get(comm.PORT_VAR), environ.get("MASTER_PORT"))
+    if problem:
+        comm._said_ports.add(problem)  # said here, not again when the check's store is made
+        _warn_once(("value", comm.PORT_VAR, environ.get(comm.PORT_VAR)), problem)
     replicas, problem = parse_group(environ.get(GROUP_VAR))
     if problem:
         _warn_once(("value", GROUP_VAR, environ.get(GROUP_VAR)), problem)
@@ -283,18 +289,20 @@ def _count_and_check(optimizer):
 
 def _stream_key(optimizer):
     """A name for the optimizer that every rank gives the same optimizer: a digest of its parameters' shapes
-    and dtypes, and how many optimizers with that digest this process stepped before it."""
+    and dtypes, and how many optimizers with that digest this replica stepped before it (counted per replica:
+    where replicas are threads of one process, each names its own optimizers as a replica process would)."""
     from . import groups
     from .fingerprint import _hash32
 
     shapes = [(groups.shape_on_every_rank(p), str(p.dtype)) for group in optimizer.param_groups
               for p in group["params"]]
     digest = "%08x" % _hash32(repr(shapes))
-    _digests[digest] = _digests.get(digest, 0) + 1
-    return "optimizer-%s-%d" % (digest, _digests[digest])
+    counted = (comm.replica_index(), digest)
+    _digests[counted] = _digests.get(counted, 0) + 1
+    return "optimizer-%s-%d" % (digest, _digests[counted])
 
 
-_digests = {}
+_digests = {}  # (replica, digest) -> optimizers with that digest this replica named so far
 
 
 def _entry(optimizer):
@@ -316,7 +324,7 @@ def _check(optimizer, stream, step):
     if channel is None:  # one process, or world size 1: nothing to compare, nothing entered
         return
     started = time.perf_counter()
-    if isinstance(channel, comm.DistributedChannel) and not _on_xla(optimizer):
+    if isinstance(channel, (comm.DistributedChannel, comm.HostChannel)):
         _check_off_thread(optimizer, stream, step, channel)
         return
     try:
@@ -356,15 +364,6 @@ def _delivered(report, optimizer, rank, where, stream=None, started=None, held=N
     reports.act(report, _armed["action"], rank=rank, where=where)
 
 
-def _on_xla(optimizer):
-    """Whether the optimizer's parameters are XLA tensors. Their check stays on the training thread: an XLA
-    tensor is read only from the thread that runs its graphs (another thread's read fails inside PJRT)."""
-    for group in optimizer.param_groups:
-        for parameter in group["params"]:
-            return getattr(getattr(parameter, "device", None), "type", None) == "xla"
-    return False
-
-
 def _stream_of(optimizer):
     entry = _counts.get(id(optimizer)) if optimizer is not None else None
     return entry[0] if entry is not None else None
@@ -375,7 +374,12 @@ def _check_off_thread(optimizer, stream, step, channel):
     :mod:`.worker`): this rank never waits here for another."""
     from . import worker
 
-    if worker.stale(comm.default_group_id()):
+    entry = _counts.get(id(optimizer))
+    if entry is None or not _armed["every"]:
+        return  # disarmed meanwhile (a broken channel, said by another replica thread of this process)
+    steps = entry[1]
+    group = comm.default_group_id() if isinstance(channel, comm.DistributedChannel) else None
+    if group is not None and worker.stale(group):
         worker.release()
     started = time.perf_counter()
     pending = compare.prepare(optimizer, step, stream, channel=channel)
@@ -383,7 +387,6 @@ def _check_off_thread(optimizer, stream, step, channel):
     _module_paths(optimizer, stream)  # found now, on the training thread, while the model is alive
     where = _user_location()
     name = _label(optimizer, stream)
-    steps = _counts[id(optimizer)][1]
 
     def deliver(report, raise_at):
         try:
@@ -427,7 +430,7 @@ def _check_off_thread(optimizer, stream, step, channel):
         _say_once(("stood down", str(exc) if exc.broken else stream.key), message, where)
 
     job = worker.Job(pending, deliver, stand_down, current_step=lambda: steps[0],
-                     raising=_armed["action"] == "raise", group=comm.default_group_id())
+                     raising=_armed["action"] == "raise", group=group)
     if not worker.submit(job):
         if worker.failed():  # said once when it failed
             stream.stood_down = "the sync check's worker failed"

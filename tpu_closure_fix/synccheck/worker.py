@@ -1,9 +1,11 @@
 """The check's worker: agreement, exchange and verdict of the zero-code check off the training thread.
 
 At a check the training thread fingerprints its parameters (:func:`.compare.prepare`: one pass, no
-communication) and hands the result to this process's worker thread; it never waits for another rank. The
-worker (one daemon thread per process, started at the first check) alone uses the process group's store and
-the check's own gloo group:
+communication, the result on the host) and hands the result to its worker thread; it never waits for another
+rank. The worker (one daemon thread per rank in this process, started at the first check: one per process
+with a process group, one per replica thread where torch_xla's replicas are threads of one process) alone
+uses the check's store (the process group's, or the check's own without one: :class:`.comm.HostChannel`)
+and the check's own gloo group:
 
 1. **Arrive.** It counts the check in under the check's key (the stream and its check number) and notes its
    rank there.
@@ -50,7 +52,10 @@ RAISE_LEAD = 0.2
 FIRST_POLL = 0.002
 MAX_POLL = 0.05
 
-_state = {"worker": None, "failed": None}
+_state = {"failed": None}
+#: The worker of each rank in this process (``channel.worker_scope``): "process" with a process group, one per
+#: replica thread without.
+_workers = {}
 _lock = threading.Lock()
 
 
@@ -190,6 +195,10 @@ class Worker(object):
     def _store(self, job):
         return job.pending.channel._store()
 
+    def _failed(self, job, exc):
+        """The StoodDown of a store that failed (one the channel already said stands as it is)."""
+        return exc if isinstance(exc, comm.StoodDown) else job.pending.channel._failed_store(exc)
+
     def _arrive(self, job):
         channel = job.pending.channel
         try:
@@ -198,7 +207,7 @@ class Worker(object):
                 store.append(job.key + "/ranks", "%d," % channel.rank)
             store.add(job.key + "/arrived", 1)
         except Exception as exc:
-            self._give_up(job, _store_failed(exc))
+            self._give_up(job, self._failed(job, exc))
             return
         job.deadline = time.monotonic() + channel.timeout
         self.pending[job.key] = job
@@ -215,7 +224,7 @@ class Worker(object):
                     continue
                 job.decision = _text(store.compare_set(job.key + "/decision", "", wanted))
             except Exception as exc:
-                self._give_up(job, _store_failed(exc))
+                self._give_up(job, self._failed(job, exc))
                 continue
             progressed = True
             if job.decision != "go":
@@ -241,7 +250,7 @@ class Worker(object):
                 if not chosen:
                     return False
         except Exception as exc:
-            self._break(_store_failed(exc))
+            self._break(self._failed(first, exc))
             return True
         job = self.pending.pop(chosen, None)
         if job is None:  # every rank reached it, yet this rank holds no such check: no way to pair it
@@ -325,10 +334,6 @@ def _ranks(ranks):
     return rank_ranges(ranks)
 
 
-def _store_failed(exc):
-    return comm.StoodDown("the store of the process group failed (%s: %s)" % (type(exc).__name__, exc), broken=True)
-
-
 def _worker_failed(exc):
     _state["failed"] = "%s: %s" % (type(exc).__name__, exc)
     try:
@@ -341,52 +346,62 @@ def _worker_failed(exc):
 
 # --------------------------------------------------------------------------- the process's worker
 def submit(job):
-    """Hand ``job`` to this process's worker (started now if needed); False when not taken (the queue is
-    full, or the worker failed)."""
+    """Hand ``job`` to its rank's worker in this process (started now if needed); False when not taken (the
+    queue is full, or the worker failed)."""
     if _state["failed"] is not None:
         return False
+    scope = getattr(job.pending.channel, "worker_scope", "process")
     with _lock:
-        worker = _state["worker"]
+        worker = _workers.get(scope)
         if worker is None or worker.pid != os.getpid():
-            worker = _state["worker"] = Worker(job.group).start()
+            worker = _workers[scope] = Worker(job.group).start()
             _watch_destroy()
     return worker.submit(job)
 
 
 def failed():
-    """Whether this process's worker failed (then said once; the zero-code check is off)."""
+    """Whether a worker of this process failed (then said once; the zero-code check is off)."""
     return _state["failed"] is not None
+
+
+def _mine():
+    """This process's workers (none inherited through a fork)."""
+    return [w for w in list(_workers.values()) if w.pid == os.getpid()]
 
 
 def stale(group):
     """Whether this process's worker serves another process group than ``group`` (the job made a new one)."""
-    worker = _state["worker"]
+    worker = _workers.get("process")
     return worker is not None and worker.pid == os.getpid() and worker.group != group
 
 
 def drain(seconds):
     """Wait at most ``seconds`` until every check handed over so far is answered; True when all are."""
-    worker = _state["worker"]
     deadline = time.monotonic() + seconds
-    while worker is not None and worker.thread.is_alive() and not worker.idle():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.005)
+    for worker in _mine():
+        while worker.thread.is_alive() and not worker.idle():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
     return True
 
 
 def running():
     """Whether this process has a live worker thread."""
-    worker = _state["worker"]
-    return worker is not None and worker.pid == os.getpid() and worker.thread.is_alive()
+    return any(worker.thread.is_alive() for worker in _mine())
 
 
 def stop(wait=EXIT_WAIT):
-    """Stop this process's worker (pending checks are dropped unsaid)."""
+    """Stop this process's workers (pending checks are dropped unsaid), waiting at most ``wait`` seconds."""
     with _lock:
-        worker, _state["worker"] = _state["worker"], None
-    if worker is not None and worker.pid == os.getpid():
-        worker.stop(wait)
+        workers = _mine()
+        _workers.clear()
+    for worker in workers:
+        worker.stop(0)  # every one told first, then each waited for within the one bound
+    deadline = time.monotonic() + wait
+    for worker in workers:
+        if worker.thread.is_alive() and worker.thread is not threading.current_thread():
+            worker.thread.join(max(deadline - time.monotonic(), 0))
 
 
 def release(wait=EXIT_WAIT):
@@ -399,7 +414,7 @@ def _after_fork_in_child():
     """A forked child starts without the parent's worker and with nothing of its checks."""
     global _lock
     _lock = threading.Lock()
-    _state["worker"] = None
+    _workers.clear()
     _state["failed"] = None
 
 
