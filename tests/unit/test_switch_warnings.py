@@ -26,6 +26,10 @@ def _disable(raw):
     return config.parse_disable(raw, integrations.NAMES)
 
 
+def _port(raw):
+    return comm.parse_port(raw, None)
+
+
 #: variable -> (its parser, what else the child's environment needs for the variable to be read, a bad value,
 #: a command the next step must name)
 VARIABLES = {
@@ -39,6 +43,7 @@ VARIABLES = {
                          "`export TPU_CLOSURE_FIX_SYNC_CHECK_GROUP=world`"),
     comm.TIMEOUT_VAR: (comm.parse_timeout, {config.SYNC_CHECK_VAR: "5"}, "soon",
                        "`unset TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`"),
+    comm.PORT_VAR: (_port, {config.SYNC_CHECK_VAR: "5"}, "any", "`unset TPU_CLOSURE_FIX_SYNC_CHECK_PORT`"),
 }
 #: Bad values of every kind a message quotes: a word, a huge value, one with spaces (wrapped at them), one of
 #: escaped non-ASCII characters (10 columns each, no space: cut), a line break.
@@ -96,6 +101,8 @@ def test_a_bad_value_at_start_up_prints_lines_of_at_most_120_columns(variable, t
     assert proc.stderr.count("TPUClosureFixWarning") == 1, proc.stderr
     assert "%s=%s" % (variable, config.quote_value(raw)) in proc.stderr and command in proc.stderr, proc.stderr
     assert too_wide(proc.stderr) == [], proc.stderr
+    # the warning points at the user's import line, not at the shim's own files
+    assert "%s:1: TPUClosureFixWarning:" % (tmp_path / "train.py") in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("variable", sorted(VARIABLES))

@@ -98,7 +98,7 @@ def parse_port(raw, master_port=None):
     """(port, problem) of the check's own store: ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT`` (``raw``) when it is a
     port number, else ``MASTER_PORT`` + 1 (``master_port``: its raw value; unset or not a port: torch_xla's
     default 12355, so 12356). ``problem``: the message for a bad ``raw``."""
-    from ..config import ASCII_WHITESPACE, quote_value
+    from ..config import ASCII_WHITESPACE, bad_value_message
 
     fallback = _port_number(master_port)
     fallback = (fallback if fallback is not None and fallback < 65535 else DEFAULT_MASTER_PORT) + 1
@@ -108,8 +108,9 @@ def parse_port(raw, master_port=None):
     port = _port_number(value)
     if port is not None:
         return port, None
-    return fallback, ("%s=%s is not an accepted value; accepted: a TCP port number 1-65535 (ASCII digits, e.g. "
-                      "12356), or unset (MASTER_PORT + 1). Using %d." % (PORT_VAR, quote_value(raw), fallback))
+    return fallback, bad_value_message(
+        PORT_VAR, raw, "a TCP port number 1-65535 (ASCII digits, e.g. 12356), or unset (MASTER_PORT + 1)",
+        "Using %d." % fallback, "`unset %s` (port %d), or `export %s=12356`" % (PORT_VAR, fallback, PORT_VAR))
 
 
 def _port_number(raw):

@@ -43,7 +43,7 @@ import time
 import warnings
 import weakref
 
-from ..config import ASCII_WHITESPACE, SYNC_CHECK_VAR, TPUClosureFixWarning, quote_value
+from ..config import ASCII_WHITESPACE, SYNC_CHECK_VAR, TPUClosureFixWarning
 from . import comm, compare, report as reports  # none imports torch: this module is loaded only when armed
 from .report import ReplicaDivergenceError
 
@@ -132,25 +132,28 @@ def _warn_once(key, message, stacklevel=3):
 # --------------------------------------------------------------------------- arming
 def arm_from_environment(environ=None):
     """Arm the check as the two variables say (a bad value: one warning, then off / warn). Returns every."""
+    from ..config import user_stacklevel
+
     environ = os.environ if environ is None else environ
+    level = user_stacklevel() + 1  # each warning points at the user's import line (through _warn_once)
     every, problem = parse_every(environ.get(SYNC_CHECK_VAR))
     if problem:
-        _warn_once(("value", SYNC_CHECK_VAR, environ.get(SYNC_CHECK_VAR)), problem)
+        _warn_once(("value", SYNC_CHECK_VAR, environ.get(SYNC_CHECK_VAR)), problem, level)
     if not every:
         return 0
     action, problem = parse_action(environ.get(ON_DIVERGENCE_VAR))
     if problem:
-        _warn_once(("value", ON_DIVERGENCE_VAR, environ.get(ON_DIVERGENCE_VAR)), problem)
+        _warn_once(("value", ON_DIVERGENCE_VAR, environ.get(ON_DIVERGENCE_VAR)), problem, level)
     _, problem = comm.parse_timeout(environ.get(comm.TIMEOUT_VAR))
     if problem:
-        _warn_once(("value", comm.TIMEOUT_VAR, environ.get(comm.TIMEOUT_VAR)), problem)
+        _warn_once(("value", comm.TIMEOUT_VAR, environ.get(comm.TIMEOUT_VAR)), problem, level)
     _, problem = comm.parse_port(environ.get(comm.PORT_VAR), environ.get("MASTER_PORT"))
     if problem:
         comm._said_ports.add(problem)  # said here, not again when the check's store is made
-        _warn_once(("value", comm.PORT_VAR, environ.get(comm.PORT_VAR)), problem)
+        _warn_once(("value", comm.PORT_VAR, environ.get(comm.PORT_VAR)), problem, level)
     replicas, problem = parse_group(environ.get(GROUP_VAR))
     if problem:
-        _warn_once(("value", GROUP_VAR, environ.get(GROUP_VAR)), problem)
+        _warn_once(("value", GROUP_VAR, environ.get(GROUP_VAR)), problem, level)
     arm(every, action, replicas)
     return every
 
