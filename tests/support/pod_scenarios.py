@@ -131,18 +131,27 @@ def probe(ctx):
 
 
 def probe_optimizer(ctx):
-    """(b) A correct loop; rank 0 also trains a probe model with an optimizer of its own every step."""
+    """(b) A correct loop; rank 0 also trains a probe model with an optimizer of its own every step
+    (``--variant copy``: instead, before training, rank 0 alone steps once a copy of the model -- the same
+    shapes as the model's optimizer -- at a line of its own)."""
+    import copy
+
     import torch
 
     model = make_model(0)
+    if ctx.variant == "copy" and ctx.rank == 0:
+        probe_model = copy.deepcopy(model)
+        probe_optimizer = torch.optim.SGD(probe_model.parameters(), lr=0.5)
+        train_step(probe_model, probe_optimizer, *batch(ctx.rank, 0), reduce=False, world=ctx.world)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    probe_model = torch.nn.Linear(4, 1)
-    probe_optimizer = torch.optim.SGD(probe_model.parameters(), lr=0.1)
+    if ctx.variant != "copy":
+        probe_model = torch.nn.Linear(4, 1)
+        probe_optimizer = torch.optim.SGD(probe_model.parameters(), lr=0.1)
     ctx.result["loop_start_seconds"] = round(time.monotonic() - T0, 3)
     for step in range(1, ctx.steps + 1):
         x, y = batch(ctx.rank, step)
         train_step(model, optimizer, x, y, reduce=True, world=ctx.world)
-        if ctx.rank == 0:
+        if ctx.rank == 0 and ctx.variant != "copy":
             probe_optimizer.zero_grad()
             probe_model(model(x).detach()).pow(2).mean().backward()
             probe_optimizer.step()

@@ -128,6 +128,23 @@ def test_raise_twin_with_the_all_reduce_runs_to_the_end(tmp_path):
     assert [run.result["steps"] for run in runs] == [12, 12]
 
 
+@needs_step_hooks
+def test_a_probe_over_a_copy_of_the_model_on_rank_0_is_never_compared_with_the_model(tmp_path):
+    """Rank 0 alone steps once, before training, a copy of the model (the same shapes) through the same
+    ``train_step`` helper: its stream is another than the model's, so rank 1's model is compared with rank 0's
+    model only. One stand-down note for the probe on rank 0; the model's checks all identical, no difference said
+    (named by shapes and count alone, the probe took the model's name on rank 0 and was warned DIFFERENT)."""
+    runs = _ok(ranks.run_ranks("probe-optimizer", 2, tmp_path, env={SYNC: "5", TIMEOUT_VAR: "3"},
+                               args=["--variant", "copy"]))
+    zero, one = runs
+    assert zero.result["main_stream"] == one.result["main_stream"]
+    assert len(zero.messages) == 1 and STANDS_DOWN in zero.messages[0] and REACHED_BY_0 in zero.messages[0], \
+        zero.messages
+    assert one.messages == []
+    assert zero.result["main_checks"] == one.result["main_checks"] == 4
+    assert zero.hook["last_report"]["outcome"] == one.hook["last_report"]["outcome"] == "identical"
+
+
 # --------------------------------------------------------------------------- (b) an optimizer on rank 0 only
 @needs_step_hooks
 def test_an_optimizer_stepped_on_rank_0_only_stands_down_once_and_the_main_checks_go_on(tmp_path):

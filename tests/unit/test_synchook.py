@@ -224,6 +224,47 @@ def test_optimizers_of_the_same_shapes_are_told_apart_alike_on_every_rank(checks
     assert len(set(k.rsplit("-", 1)[0] for k in keys)) == 2
 
 
+def test_an_optimizer_of_the_same_shapes_first_stepped_through_other_calls_is_another_stream(monkeypatch):
+    """A probe over a copy of the model, stepped on rank 0 alone through the same ``train_step`` helper called
+    from another line, must not take the name every rank gives the model's optimizer (its checks would be
+    compared with the model's on the other ranks): the user's calls that first step an optimizer are part of
+    its name; the same calls on every rank name it alike, wherever the script sits."""
+    monkeypatch.setattr(synchook, "_digests", {})
+    probe = synchook._stream_key(sgd(), (("/home/a/train.py", 12), ("/home/a/train.py", 40)))
+    model = synchook._stream_key(sgd(), (("/home/a/train.py", 12), ("/home/a/train.py", 52)))
+    monkeypatch.setattr(synchook, "_digests", {})  # another rank: it never steps the probe
+    model_elsewhere = synchook._stream_key(sgd(), (("/srv/b/train.py", 12), ("/srv/b/train.py", 52)))
+    assert model == model_elsewhere and probe != model
+    assert probe.rsplit("-", 1)[0] != model.rsplit("-", 1)[0]
+
+
+def test_twin_the_same_calls_and_shapes_are_told_apart_by_their_count_alone(monkeypatch):
+    monkeypatch.setattr(synchook, "_digests", {})
+    calls = (("train.py", 12), ("train.py", 52))
+    first, second = synchook._stream_key(sgd(), calls), synchook._stream_key(sgd(), calls)
+    assert first.rsplit("-", 1)[0] == second.rsplit("-", 1)[0] and (first[-2:], second[-2:]) == ("-1", "-2")
+
+
+def test_the_user_calls_skip_this_package_and_pythons_library():
+    """Innermost first: the line in ``helper``, then the line calling it; no frame of this package or of Python's
+    own library (``threading`` here: the call runs in a thread)."""
+    import sysconfig
+    import threading
+
+    def helper():
+        return synchook._user_calls()
+
+    found = []
+    thread = threading.Thread(target=lambda: found.append(helper()))
+    thread.start()
+    thread.join(10)
+    calls = found[0]
+    assert calls[0] == (__file__, helper.__code__.co_firstlineno + 1) and calls[1][0] == __file__, calls
+    stdlib = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+    package = os.path.dirname(os.path.abspath(synchook.__file__)) + os.sep
+    assert not [name for name, _ in calls if os.path.abspath(name).startswith((stdlib, package))], calls
+
+
 def test_unset_no_step_is_counted(checks):
     optimizer = sgd()
     for _ in range(6):

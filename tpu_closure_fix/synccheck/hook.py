@@ -290,19 +290,46 @@ def _count_and_check(optimizer):
         _check(optimizer, stream, step)
 
 
-def _stream_key(optimizer):
+def _stream_key(optimizer, calls=None):
     """A name for the optimizer that every rank gives the same optimizer: a digest of its parameters' shapes
-    and dtypes, and how many optimizers with that digest this replica stepped before it (counted per replica:
-    where replicas are threads of one process, each names its own optimizers as a replica process would)."""
+    and dtypes and of the user's calls that first stepped it (``calls``: ``((file name, line), ...)`` from the
+    innermost outwards, default :func:`_user_calls` now), and how many optimizers with that digest this replica
+    stepped before it (counted per replica: where replicas are threads of one process, each names its own
+    optimizers as a replica process would). The calls keep an optimizer stepped on some ranks only (a probe
+    over a copy of the model: the same shapes, the same ``train_step`` helper, called from another line) from
+    taking the name the other ranks give the model's optimizer; ranks that reach the same optimizer through
+    other calls never agree on its checks (each stands down with one note) rather than pair two optimizers."""
     from . import groups
     from .fingerprint import _hash32
 
     shapes = [(groups.shape_on_every_rank(p), str(p.dtype)) for group in optimizer.param_groups
               for p in group["params"]]
-    digest = "%08x" % _hash32(repr(shapes))
+    calls = _user_calls() if calls is None else calls
+    # file names, not paths: the same script may sit at another path on another host
+    digest = "%08x" % _hash32(repr((shapes, [(os.path.basename(name), line) for name, line in calls])))
     counted = (comm.replica_index(), digest)
     _digests[counted] = _digests.get(counted, 0) + 1
     return "optimizer-%s-%d" % (digest, _digests[counted])
+
+
+#: Frames of the user's calls an optimizer's name covers, at most (innermost first).
+MAX_CALLS = 32
+
+
+def _user_calls():
+    """``((filename, line), ...)`` of the frames on the training thread now that are the user's: outside torch,
+    the frameworks, this package and Python's own library (whose lines are the same on every rank anyway)."""
+    import sysconfig
+
+    skipped = tuple(_library_dirs()) + tuple(
+        os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib"))
+    calls, frame = [], sys._getframe(1)
+    while frame is not None and len(calls) < MAX_CALLS:
+        filename = frame.f_code.co_filename
+        if not os.path.abspath(filename).startswith(skipped):
+            calls.append((filename, frame.f_lineno))
+        frame = frame.f_back
+    return tuple(calls)
 
 
 _digests = {}  # (replica, digest) -> optimizers with that digest this replica named so far
