@@ -688,9 +688,11 @@ def _threads():
 def endurance(ctx):
     """(v) A tiny correct model for ``--steps`` steps (the check armed at every step by the test): resident
     memory after a tenth of the steps and at the end; then a forked child reports whether it has the check's
-    worker; then the job destroys its process group, which releases the worker and the check's group."""
+    worker; then the job destroys its process group, which releases the worker and the check's group. The
+    function is bound by name before the first check, as a script's ``from torch.distributed import
+    destroy_process_group`` binds it (the shim armed at start-up, when torch was imported)."""
     import torch
-    import torch.distributed as dist
+    from torch.distributed import destroy_process_group
 
     from tpu_closure_fix.synccheck import comm, worker
 
@@ -717,7 +719,7 @@ def endurance(ctx):
     ctx.result["fork_child"] = os.read(reader, 4096).decode()
     os.waitpid(child, 0)
     ctx.result["worker_before_destroy"] = worker.running()
-    dist.destroy_process_group()
+    destroy_process_group()
     ctx.result["worker_after_destroy"] = worker.running()
     ctx.result["check_groups_after_destroy"] = len(comm._groups)
     ctx.result["threads_after"] = _threads()

@@ -185,6 +185,9 @@ def _register(module):
                    % (SYNC_CHECK_VAR, getattr(torch, "__version__", "?")))
         return
     _armed["handles"] = (register_pre(_before_step), register_post(_after_step))
+    from . import worker
+
+    worker.watch_destroy()  # before the script's own ``from torch.distributed import destroy_process_group``
 
 
 def disarm():

@@ -421,9 +421,19 @@ def _after_fork_in_child():
 _destroy_wrapped = []
 
 
+def watch_destroy():
+    """Wrap ``destroy_process_group`` as soon as ``torch.distributed`` is imported (now, if it is): called when
+    the check is armed, so a script's ``from torch.distributed import destroy_process_group``, run after
+    ``import torch``, binds the wrapper."""
+    import wrapt
+
+    wrapt.register_post_import_hook(lambda module: _watch_destroy(), "torch.distributed")
+
+
 def _watch_destroy():
-    """Wrap ``torch.distributed.destroy_process_group`` once: destroying the default group releases the
-    check's worker and group first (called with the worker's lock held)."""
+    """Wrap ``destroy_process_group`` once, in ``torch.distributed`` and in ``distributed_c10d`` (where it is
+    defined: every name it goes by is one of these two): destroying the default group releases the check's
+    worker and group first (called with the worker's lock held)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or _destroy_wrapped:
         return
@@ -443,6 +453,9 @@ def _watch_destroy():
     destroy_process_group.__wrapped__ = original
     destroy_process_group.__doc__ = original.__doc__
     dist.destroy_process_group = destroy_process_group
+    c10d = getattr(dist, "distributed_c10d", None)
+    if getattr(c10d, "destroy_process_group", None) is original:
+        c10d.destroy_process_group = destroy_process_group
 
 
 def _default_group(dist):
