@@ -713,7 +713,7 @@ def endurance(ctx):
     reader, writer = os.pipe()
     child = os.fork()
     if child == 0:  # the child says what it has, and leaves at once
-        os.write(writer, ("%d %s" % (worker.running(), ",".join(_threads()))).encode())
+        os.write(writer, ("%d %d %s" % (worker.running(), len(comm._groups), ",".join(_threads()))).encode())
         os._exit(0)
     os.close(writer)
     ctx.result["fork_child"] = os.read(reader, 4096).decode()

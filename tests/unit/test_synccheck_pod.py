@@ -548,7 +548,7 @@ def test_10000_steps_at_every_step_keep_memory_flat_and_say_at_most_once_that_th
 def test_a_forked_child_starts_without_the_worker(endurance):
     for run in endurance:
         assert "tpu-closure-fix-synccheck" in run.result["threads_before"]
-        assert run.result["fork_child"] == "0 MainThread"
+        assert run.result["fork_child"] == "0 0 MainThread"  # no worker, none of the parent's gloo groups
 
 
 @needs_step_hooks

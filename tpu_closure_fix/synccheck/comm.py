@@ -457,11 +457,14 @@ _forked_away = []  # the parent's store connections, kept unreleased in a forked
 
 
 def _after_fork_in_child():
-    """A forked child makes its own store: the parent's connection is not its own."""
+    """A forked child makes its own store and gloo groups: the parent's connections are not its own (they are
+    kept, never used nor released: closing them here could close the parent's)."""
     global _host_lock
     _host_lock = threading.Lock()
-    _forked_away.append(dict(_host))
+    _forked_away.append((dict(_host), dict(_groups)))
     _host.update(server=None, clients={}, failed=None)
+    _groups.clear()
+    _made.clear()
 
 
 if hasattr(os, "register_at_fork"):
