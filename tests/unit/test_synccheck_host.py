@@ -53,6 +53,42 @@ def test_xla_replicas_without_a_process_group_get_the_host_channel(monkeypatch):
     assert channel.worker_scope == ("xla replica", 3)
 
 
+@pytest.mark.parametrize("group_size,thread_local,xla_size,kind", [
+    (2, False, 1, "torch.distributed"),
+    (2, False, 4, "torch.distributed"),  # a process group on XLA: the job's store, a worker per process
+    (2, True, 4, "xla host"),  # per-thread groups (TPU v2/v3): the worker thread sees none of them
+    (0, False, 4, "xla host"),
+    (1, False, 4, "xla host"),
+    (2, True, 1, None),
+    (1, False, 1, None),
+    (0, False, 1, None),
+])
+def test_the_channel_rule(group_size, thread_local, xla_size, kind):
+    assert comm.choose(group_size, thread_local, xla_size) == kind
+
+
+def test_torchs_thread_local_process_groups_are_recognised(monkeypatch):
+    """torch_xla installs torch's threaded process groups on TPU v2/v3 (each replica thread its own default
+    group): the real ``ThreadLocalWorld`` is recognised; its twin, torch's own world, is not."""
+    import torch.distributed.distributed_c10d as c10d
+    from torch.testing._internal.distributed import multi_threaded_pg
+
+    assert comm.thread_local_groups() is False
+    monkeypatch.setattr(c10d, "_world", multi_threaded_pg.ThreadLocalWorld())
+    assert comm.thread_local_groups() is True
+
+
+def test_under_thread_local_process_groups_each_replica_thread_is_its_ordinal(monkeypatch):
+    import torch.distributed.distributed_c10d as c10d
+    from torch.testing._internal.distributed import multi_threaded_pg
+
+    _xla(monkeypatch, 2, ordinal=lambda: 1)
+    monkeypatch.setattr(comm, "_process_group_initialized", lambda: True)
+    assert comm.replica_index() == 0  # a process group of the process: one replica per process
+    monkeypatch.setattr(c10d, "_world", multi_threaded_pg.ThreadLocalWorld())
+    assert comm.replica_index() == 1
+
+
 def test_the_store_server_is_in_process_zero(monkeypatch):
     _xla(monkeypatch, 2, process_index=0)
     assert comm.channel().server is True

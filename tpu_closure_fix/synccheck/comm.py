@@ -197,10 +197,12 @@ def _xla_ordinal(xm):
 
 def replica_index():
     """Which of this process's replicas the calling thread is: torch_xla's global ordinal when torch_xla is
-    imported and there is no process group (replicas may be threads of one process), else 0 (a process
-    group's rank is a process: one replica each)."""
+    imported and there is no process group of the process (replicas may be threads of one process), else 0 (a
+    process group's rank is a process: one replica each)."""
     xm = sys.modules.get("torch_xla.core.xla_model")
-    return 0 if xm is None or _process_group_initialized() else _xla_ordinal(xm)
+    if xm is None or (_process_group_initialized() and not thread_local_groups()):
+        return 0
+    return _xla_ordinal(xm)
 
 
 def _process_group_initialized():
@@ -211,14 +213,42 @@ def _process_group_initialized():
         return False
 
 
+#: torch's threaded process groups: torch_xla installs them on TPU v2/v3 (``torch_xla.experimental.pjrt_backend``)
+#: so that each replica thread has a default process group of its own.
+THREADED_PG = "torch.testing._internal.distributed.multi_threaded_pg"
+
+
+def thread_local_groups():
+    """Whether torch.distributed's process groups are per thread here (torch's ``ThreadLocalWorld``): another
+    thread -- the check's worker -- sees none of the training thread's."""
+    threaded = sys.modules.get(THREADED_PG)
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    world_class = getattr(threaded, "ThreadLocalWorld", None)
+    return world_class is not None and isinstance(getattr(c10d, "_world", None), world_class)
+
+
+def choose(group_size, thread_local, xla_size):
+    """Which channel a check takes: ``"torch.distributed"`` with a process group of more than one rank that
+    the check's worker thread can use too; else ``"xla host"`` with more than one torch_xla replica (no process
+    group, or only per-thread ones); else None (one replica: nothing to compare). ``group_size``: the default
+    process group's world size (0: none)."""
+    if group_size > 1 and not thread_local:
+        return "torch.distributed"
+    if xla_size > 1:
+        return "xla host"
+    return None
+
+
 def channel(timeout=None):
     """The channel of this process for a check now, or None (one device: nothing to compare). Called on the
     thread of the replica it is for (its rank is that thread's)."""
     dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return DistributedChannel(dist, timeout)
+    group_size = dist.get_world_size() if _process_group_initialized() else 0
     xm, size = _xla_world()
-    if xm is not None and size > 1:
+    kind = choose(group_size, thread_local_groups(), size if xm is not None else 1)
+    if kind == "torch.distributed":
+        return DistributedChannel(dist, timeout)
+    if kind == "xla host":
         return HostChannel(xm, size, timeout)
     return None
 
