@@ -305,3 +305,27 @@ def test_the_slot_fields_survive_another_replica_thread_clearing_their_cache(mon
     held = ((0, 1) + fingerprint.describe(torch.zeros(2)),)
     fields, present = fingerprint._slot_fields(held, 4)
     assert present.tolist() == [False, True, False, False] and fields.numel() == 5 * 4
+
+
+def test_a_store_not_there_is_said_with_its_causes_and_the_variables(monkeypatch):
+    """A process other than process 0 that finds no store within the timeout: its two causes (process 0 not at
+    its first check yet, or another host) and the variables naming host and port; its twin, the server side,
+    names the free port to set."""
+    from support import ports
+
+    monkeypatch.setattr(comm, "_host", {"server": None, "clients": {}, "failed": None})
+    port = ports.free_port()
+    monkeypatch.setenv(comm.PORT_VAR, str(port))
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    with pytest.raises(comm.StoodDown) as missing:
+        comm.host_store(False, "CPU", timeout=1)
+    message = str(missing.value)
+    assert "its store at 127.0.0.1:%d could not be reached" % port in message, message
+    assert "not there within 1s" in message and "MASTER_ADDR" in message and comm.PORT_VAR in message, message
+    assert "set %s to a free port" % comm.PORT_VAR not in message
+
+
+def test_a_reason_quotes_one_short_line():
+    assert comm._short("Connection closed by peer [127.0.0.1]:1 " + "x" * 200 + "\nmore") == \
+        ("Connection closed by peer [127.0.0.1]:1 " + "x" * 200)[:77] + "..."
+    assert comm._short("short\nsecond") == "short" and comm._short("") == ""

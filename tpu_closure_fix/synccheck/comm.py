@@ -470,11 +470,18 @@ def _open_store(server, device_type, timeout):
         return dist.TCPStore(host, port, None, server, timedelta(seconds=timeout), wait_for_workers=False)
     except Exception as exc:
         _host["failed"] = StoodDown(
-            "its store at %s:%d could not be %s (%s: %s); set %s to a free port (the same on every host)%s"
+            "its store at %s:%d could not be %s (%s: %s); %s"
             % (host or "?", port, "opened" if server else "reached", type(exc).__name__,
-               str(exc).splitlines()[0] if str(exc) else "", PORT_VAR,
-               "" if server else ", and MASTER_ADDR to the address of the host of process 0"), broken=True)
+               _short(str(exc)), "set %s to a free port (the same on every host)" % PORT_VAR if server else
+               "process 0 opens it at its first check, so it was not there within %ds, or it is not on that host "
+               "(MASTER_ADDR names process 0's host; %s its port)" % (timeout, PORT_VAR)), broken=True)
         raise _host["failed"]
+
+
+def _short(text, limit=80):
+    """The first line of an error's text, at most ``limit`` characters: what a one-line reason quotes."""
+    first = text.splitlines()[0] if text else ""
+    return first if len(first) <= limit else first[:limit - 3] + "..."
 
 
 def _tpu_master():
