@@ -138,9 +138,10 @@ def test_a_check_one_rank_never_reaches_stands_down_naming_the_ranks_and_holds_n
 class _Held(object):
     """A check as the quota sees it: its stream, whether it arrived (deadline) and its vote."""
 
-    def __init__(self, stream, arrived=True, decision=None):
+    def __init__(self, stream, arrived=True, decision=None, time_then=-10.0):
         self.stream_key, self.decision, self.done, self.refused = stream, decision, False, None
         self.deadline = 1.0 if arrived else None
+        self.time_then = time_then  # handed over 10 s before the test's "now" (0.0) unless said
 
 
 def test_a_full_queue_takes_no_more_checks(monkeypatch):
@@ -153,15 +154,19 @@ def test_a_full_queue_takes_no_more_checks(monkeypatch):
 
 @pytest.mark.parametrize("waiting, total, expected", [
     (["open"] * 7, 7, None),  # under its quota and the bound: taken
-    (["open"] * 8, 8, worker.UNREACHED),  # its oldest still waits for ranks
+    (["open"] * 8, 8, worker.UNREACHED),  # its oldest still waits for ranks, for 10 s
+    (["new"] * 8, 8, None),  # ... for 0.5 s: ranks a few checks apart, within the grace
+    (["new"] * 8, 40, None),  # ... whatever the other streams hold
+    (["new"] * 32, 32, worker.UNREACHED),  # ... but it holds half the bound: no grace
     (["go"] + ["open"] * 7, 8, None),  # its oldest agreed, not yet exchanged: a backlog, held by the bound only
     (["queued"] * 8, 8, None),  # not even counted in yet: the same
     (["go"] * 20, 64, worker.BEHIND),  # the process-wide memory bound
     ([], 64, worker.BEHIND),
     (["open"], 64, worker.UNREACHED)])
 def test_the_refusal_names_the_stream_over_its_quota_and_why(waiting, total, expected):
-    jobs = [_Held("s", arrived=state != "queued", decision="go" if state == "go" else None) for state in waiting]
-    assert worker.refusal(jobs, total, quota=8, bound=64) == expected
+    jobs = [_Held("s", arrived=state != "queued", decision="go" if state == "go" else None,
+                  time_then=-0.5 if state == "new" else -10.0) for state in waiting]
+    assert worker.refusal(jobs, total, quota=8, bound=64, now=0.0) == expected
 
 
 def test_a_stuck_stream_fills_its_own_quota_and_never_the_others():
@@ -170,7 +175,7 @@ def test_a_stuck_stream_fills_its_own_quota_and_never_the_others():
     piled up."""
     held = worker.Worker()  # not started: what it holds stays as set here
     for _ in range(worker.MAX_PENDING_PER_STREAM):
-        assert held.submit(_Held("probe"))
+        assert held.submit(_Held("probe", time_then=worker.time.monotonic() - 10))
     over = _Held("probe")
     assert not held.submit(over) and over.refused[0] == worker.UNREACHED
     assert over.refused[1] is held.streams["probe"][0]
@@ -356,3 +361,32 @@ def test_at_the_end_the_checks_handed_over_are_answered_then_the_workers_stop(mo
     assert [sorted(outcome.reports) for outcome in outcomes] == [["A/0", "B/0"], ["A/0", "B/0"]]
     assert not any(each.thread.is_alive() for each in workers) and worker._workers == {}
     assert worker.ending() is True
+
+
+@pytest.mark.parametrize("states, moved, expected", [
+    (["open", "open"], 0.0, True),  # only checks waiting for ranks, nothing moved for 5 s: given up
+    (["open", "open"], 4.0, False),  # something moved 1 s ago: still waited for
+    (["open", "go"], 0.0, False),  # one agreed, waiting for its exchange: still waited for
+    (["open", "queued"], 0.0, False)])  # one not yet counted in
+def test_the_end_gives_up_only_on_checks_waiting_for_ranks_when_nothing_moves(states, moved, expected):
+    jobs = [_Held("s", arrived=state != "queued", decision="go" if state == "go" else None) for state in states]
+    assert worker.stalled(jobs, moved, 5.0, quiet=2.0) is expected
+
+
+def test_at_the_end_a_check_no_other_rank_will_reach_is_given_up_once_nothing_moves(monkeypatch):
+    """Rank 0 alone hands over a probe's check: ``finish`` stops waiting for it once nothing moved for the quiet
+    time, not at the drain's bound."""
+    import time
+
+    store, world = dist.HashStore(), ThreadWorld(2)
+    outcome, alone = Outcome(), worker.Worker().start()
+    monkeypatch.setattr(worker, "_workers", {"process": alone})
+    monkeypatch.setattr(worker, "EXIT_QUIET", 0.2)
+    monkeypatch.setattr(worker, "EXIT_DRAIN", 30)
+    monkeypatch.setitem(worker._state, "ending", False)
+    monkeypatch.setenv("TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT", "600")
+    assert alone.submit(outcome.job(StoreChannel(world, 0, store, 600), compare.Stream("P"), _models()["P"], 1, 1))
+    started = time.monotonic()
+    worker.finish()
+    assert time.monotonic() - started < 20  # well below the 30 s bound: given up, not waited out
+    assert not alone.thread.is_alive() and outcome.reports == {}

@@ -9,11 +9,12 @@ and the check's own gloo group:
 
 1. **Arrive.** It counts the check in under the check's key (the stream and its check number) and notes its
    rank there.
-2. **Agree.** It polls every pending check at once: a check every rank arrived at is voted "go"; one still
-   incomplete after ``TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`` seconds is voted "abort" (compare-and-set: the first
-   vote written is every rank's answer). An aborted check is said once, naming the optimizer and the ranks
-   that reached it and those that did not, and its stream stands down; the other pending checks go on
-   meanwhile -- an optimizer stepped on rank 0 alone holds up neither training nor the other checks.
+2. **Agree.** It polls the pending checks, each stream's oldest first: a check every rank arrived at is voted
+   "go"; one still incomplete after ``TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`` seconds is voted "abort"
+   (compare-and-set: the first vote written is every rank's answer). An aborted check is said once, naming the
+   optimizer and the ranks that reached it and those that did not, and its stream stands down; the other pending
+   checks go on meanwhile -- an optimizer stepped on rank 0 alone holds up neither training nor the other
+   checks.
 3. **Order.** Checks agreed "go" are exchanged one at a time in an order every rank reads from the store:
    exchange number ``n`` is the first "go" check some rank proposes for it (compare-and-set again), so the
    ranks enter the check's collectives in the same order whatever order they fingerprinted them in.
@@ -24,13 +25,13 @@ and the check's own gloo group:
    every one of them raises (:func:`raise_proposal`): each raising rank's training thread raises there.
 
 Bounds: at most :data:`MAX_PENDING` checks wait in all (a vector of about 80 kB each), and at most
-:data:`MAX_PENDING_PER_STREAM` of a stream whose oldest check some rank has not reached; a check beyond that is
-not taken and its own stream stands down with one message saying why (:func:`refusal`: its checks not reached
-by every rank, or too frequent to exchange); the other ranks' checks of that stream then stand down in turn. At
-interpreter exit and when the job destroys its process group the worker first answers the checks already
-handed over (:func:`finish`: at most :func:`drain_bound` seconds), then stops (with the check's gloo group at
-destroy); it is absent from a forked child. A failure inside the
-worker is warned once; the zero-code check then stays off and training goes on.
+:data:`MAX_PENDING_PER_STREAM` of a stream whose oldest check some rank has not reached; a check beyond that is not
+taken and its own stream stands down with one message saying why (:func:`refusal`: its checks not reached by every
+rank, or too frequent to exchange); the other ranks' checks of that stream then stand down in turn. At interpreter
+exit and when the job destroys its process group the worker first answers the checks already handed over
+(:func:`finish`: at most :func:`drain_bound` seconds), then stops (with the check's gloo group at destroy); it is
+absent from a forked child. A failure inside the worker is warned once; the zero-code check then stays off and
+training goes on.
 """
 import atexit
 import collections
@@ -50,6 +51,9 @@ MAX_PENDING = 64
 #: stream whose checks some rank never reaches (a probe optimizer stepped on rank 0 only) fills its own quota,
 #: never the others' room.
 MAX_PENDING_PER_STREAM = 8
+#: Seconds a stream's oldest check waits for ranks before its quota applies (while the stream holds less than
+#: half of :data:`MAX_PENDING`): ranks a few checks apart are not a stuck stream.
+GRACE = 1.0
 #: Why a stream's check is not taken: its oldest unanswered check still waits for ranks that have not reached it,
 #: or its checks come faster than the ranks exchange them.
 UNREACHED = "unreached"
@@ -60,6 +64,10 @@ STUCK = 0.05
 #: Seconds the process waits, at exit or when the process group is destroyed, for the worker to finish the
 #: checks already handed over (never longer than the agreement's timeout): the job's last checks are answered.
 EXIT_DRAIN = 10.0
+#: Seconds without any check moving (a rank counted in, a vote, an exchange) after which that end gives up on
+#: checks still waiting for ranks: at the job's end every rank has handed its checks over, so one not reached
+#: by then (a rank-0 probe's) never will be.
+EXIT_QUIET = 2.0
 #: Seconds the process then waits for the worker thread to end (a check still being exchanged).
 EXIT_WAIT = 2.0
 #: Seconds of training, at each rank's own pace, between the ranks' agreement on where to raise and that step:
@@ -117,20 +125,22 @@ def vote(arrived, size, now, deadline):
     return None
 
 
-def refusal(waiting, total, quota=None, bound=None):
+def refusal(waiting, total, quota=None, bound=None, now=None):
     """Why a stream's next check is not taken, or None (taken). ``waiting``: that stream's checks not yet
     answered, oldest first; ``total``: every stream's checks waiting in the worker.
 
     A stream whose oldest check arrived and still waits for ranks (:data:`UNREACHED`: a probe optimizer
-    stepped on some ranks only) is refused at its own ``quota``, so its stuck checks never take the others'
-    room. A stream whose checks are all reached is held only by the memory ``bound`` (:data:`BEHIND`: checks
+    stepped on some ranks only) is refused at its own ``quota`` once that check waited :data:`GRACE` seconds
+    (ranks with no collective between their steps may run a few checks apart), or at once when it holds half
+    the ``bound``: its stuck checks never take more than half the room. A stream whose checks are all reached is held only by the memory ``bound`` (:data:`BEHIND`: checks
     come faster than the ranks exchange them): a backlog while the first exchange makes the check's gloo
     group must not stand it down."""
     quota = MAX_PENDING_PER_STREAM if quota is None else quota
     bound = MAX_PENDING if bound is None else bound
     oldest = waiting[0] if waiting else None
     unreached = oldest is not None and oldest.deadline is not None and oldest.decision is None
-    if len(waiting) >= quota and unreached:
+    now = time.monotonic() if now is None else now
+    if len(waiting) >= quota and unreached and (now - oldest.time_then >= GRACE or 2 * len(waiting) >= bound):
         return UNREACHED
     if total >= bound:
         return UNREACHED if unreached else BEHIND
@@ -151,6 +161,14 @@ def refusal_reason(job, every, variable):
                 % (oldest.pending.step, who, time.monotonic() - oldest.time_then))
     return ("%d checks are still being exchanged (every %d steps is more often than the ranks can exchange "
             "them); set %s higher" % (count, every, variable))
+
+
+def stalled(jobs, moved, now, quiet):
+    """Whether checks held at the job's end can be given up: every one still waits for ranks (arrived,
+    undecided: none agreed "go" and waiting for its exchange) and no check moved for ``quiet`` seconds."""
+    if any(job.deadline is None or job.decision is not None for job in jobs):
+        return False
+    return now - moved >= quiet
 
 
 def proposal(jobs):
@@ -221,6 +239,7 @@ class Worker(object):
         self.streams = {}  # stream key -> its checks handed over, oldest first (the answered ones pruned at submit)
         self.exchanges = 0  # exchanges done: the number of the next one, the same on every rank
         self.busy = False
+        self.moved = time.monotonic()  # when a check last moved: a rank counted in, a vote, an exchange
         self.stopping = False
         self.wake = threading.Condition(threading.Lock())
         self.thread = threading.Thread(target=self._main, name=comm.WORKER_THREAD, daemon=True)
@@ -253,6 +272,18 @@ class Worker(object):
         with self.wake:
             return not self.queue and not self.pending and not self.busy
 
+    def stuck(self, quiet, now=None):
+        """Whether all this worker holds are checks still waiting for ranks and none moved for ``quiet`` s."""
+        now = time.monotonic() if now is None else now
+        with self.wake:
+            if self.queue or self.busy:
+                return False
+            try:
+                jobs = list(self.pending.values())
+            except RuntimeError:  # changed while read: something moved
+                return False
+        return stalled(jobs, self.moved, now, quiet)
+
     def stop(self, wait=EXIT_WAIT):
         """Stop taking checks and end the thread, waiting at most ``wait`` seconds for it."""
         with self.wake:
@@ -281,6 +312,7 @@ class Worker(object):
                 finally:
                     self.busy = False
                 if progressed or new:
+                    self.moved = time.monotonic()
                     delay = FIRST_POLL
                 else:
                     with self.wake:
@@ -343,6 +375,8 @@ class Worker(object):
         per new count, only after the check waited :data:`STUCK` seconds)."""
         if arrived == job.arrived and job.reached is not None:
             return
+        if arrived != job.arrived:
+            self.moved = time.monotonic()
         job.arrived = arrived
         if arrived >= size or time.monotonic() - job.time_then < STUCK or not hasattr(store, "append"):
             return
@@ -502,12 +536,13 @@ def stale(group):
     return worker is not None and worker.pid == os.getpid() and worker.group != group
 
 
-def drain(seconds):
-    """Wait at most ``seconds`` until every check handed over so far is answered; True when all are."""
+def drain(seconds, quiet=None):
+    """Wait at most ``seconds`` until every check handed over so far is answered; True when all are. ``quiet``:
+    give up sooner once all that is left waits for ranks and nothing moved for that long (:func:`stalled`)."""
     deadline = time.monotonic() + seconds
     for worker in _mine():
         while worker.thread.is_alive() and not worker.idle():
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or (quiet is not None and worker.stuck(quiet)):
                 return False
             time.sleep(0.005)
     return True
@@ -551,10 +586,11 @@ def drain_bound(environ=None):
 
 def finish(wait=EXIT_WAIT, answer=True):
     """The job ends: let the workers answer the checks already handed over (at most :func:`drain_bound`
-    seconds; ``answer`` False: none), then stop them. Checks still open after that are dropped."""
+    seconds, less once only checks waiting for ranks are left and none moved for :data:`EXIT_QUIET` seconds;
+    ``answer`` False: none), then stop them. Checks still open after that are dropped."""
     _state["ending"] = True
     if answer and _mine():
-        drain(drain_bound())
+        drain(drain_bound(), EXIT_QUIET)
     stop(wait)
 
 
