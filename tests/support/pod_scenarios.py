@@ -60,6 +60,7 @@ class Context(object):
         self.port = args.port
         self.steps, self.drain = args.steps, args.drain
         self.reports, self.result, self.barrier = [], {}, True
+        self.exit_normally = False  # leave through the interpreter's exit (its exit hooks run), not os._exit
 
     def keep(self, report, case):
         if report is None:
@@ -167,6 +168,69 @@ def probe_optimizer(ctx):
     if ctx.rank == 0:
         ctx.result["probe_stream"] = counts[id(probe_optimizer)][0].key
         ctx.result["probe_stood_down"] = counts[id(probe_optimizer)][0].stood_down
+
+
+def probe_first(ctx):
+    """(b') Rank 0 steps a probe optimizer of its own BEFORE the main one at every step (its checks are never
+    reached by rank 1); ``--variant diverge``: rank 1 alone applies a different update at step ``steps - 40``."""
+    import torch
+
+    model = make_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe_model = torch.nn.Linear(4, 1)
+    probe_optimizer = torch.optim.SGD(probe_model.parameters(), lr=0.1)
+    diverge_at = ctx.steps - 40 if ctx.variant == "diverge" else None
+    for step in range(1, ctx.steps + 1):
+        x, y = batch(0, step)
+        if ctx.rank == 0:
+            probe_optimizer.zero_grad()
+            probe_model(torch.ones(2, 4)).pow(2).mean().backward()
+            probe_optimizer.step()
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        all_reduce_grads(list(model.parameters()), ctx.world)
+        if step == diverge_at and ctx.rank == 1:
+            model[0].weight.grad[0, 0] += 1.0
+        optimizer.step()
+        time.sleep(0.02)  # a real step's time: the worker exchanges one check per step
+        ctx.result["steps"] = step
+    ctx.result["diverged_at"] = diverge_at
+    ctx.result["drained_in_loop"] = _drain(ctx.drain)
+    hook = sys.modules.get("tpu_closure_fix.synccheck.hook")
+    stream = hook._counts[id(optimizer)][0]
+    ctx.result["main_stood_down"], ctx.result["main_checks"] = stream.stood_down, stream.checks
+    if ctx.rank == 0:
+        ctx.result["probe_stood_down"] = hook._counts[id(probe_optimizer)][0].stood_down
+
+
+def last_step(ctx):
+    """(b'') 20 steps, a check every 10 (armed by the test); ``--variant diverge``: rank 1 alone applies a
+    different last update at step 20. Then a barrier and the job's end: ``destroy_process_group`` (the
+    default), or with ``--variant exit`` none, the interpreter exiting normally (its exit hooks run);
+    ``slow``: rank 1 ends 1 s later (saving a checkpoint)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.ones(4, 8)
+    for step in range(1, 21):
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        all_reduce_grads(list(model.parameters()), ctx.world)
+        if step == 20 and ctx.rank == 1 and "diverge" in ctx.variant:
+            model.weight.grad[0, 0] += 1.0
+        optimizer.step()
+    dist.barrier()
+    if "slow" in ctx.variant and ctx.rank == 1:
+        time.sleep(1)
+    ctx.barrier = False
+    if "exit" in ctx.variant:
+        ctx.exit_normally = True  # the checks are answered by the interpreter's exit hooks, after the result
+        return
+    dist.destroy_process_group()
+    ctx.result["destroyed"] = True
 
 
 def plain(ctx):
@@ -728,7 +792,8 @@ def endurance(ctx):
 
 SCENARIOS = {"fabric-ddp": fabric_ddp, "trainer-ddp": trainer_ddp,
              "pipeline": pipeline, "zero": zero, "ddp-groups": ddp_groups, "fsdp2": fsdp2, "scale": scale,
-             "kinds": kinds, "gan": gan, "probe": probe, "endurance": endurance, "probe-optimizer": probe_optimizer, "plain": plain,
+             "kinds": kinds, "gan": gan, "probe": probe, "endurance": endurance, "probe-optimizer": probe_optimizer,
+             "probe-first": probe_first, "last-step": last_step, "plain": plain,
              "seeded": seeded,
              "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,
              "killed": killed, "four": four, "fsdp": fsdp}
@@ -789,6 +854,9 @@ def main(argv=None):
             dist.barrier()
         except Exception:
             pass
+    if ctx.exit_normally:
+        sys.stdout.flush()
+        sys.exit(0 if error is None else 3)
     ranks.leave(0 if error is None else 3)
 
 

@@ -1,5 +1,6 @@
 """The check's worker (tpu_closure_fix.synccheck.worker): its decision lines, and two thread-ranks sharing one
 in-memory store (torch's HashStore) whose workers agree, order and exchange checks the way processes do."""
+import collections
 import threading
 
 import pytest
@@ -134,11 +135,96 @@ def test_a_check_one_rank_never_reaches_stands_down_naming_the_ranks_and_holds_n
     assert zero.events == ["A/0", "P/0"]  # A, fingerprinted after P, did not wait for P's deadline
 
 
+class _Held(object):
+    """A check as the quota sees it: its stream, whether it arrived (deadline) and its vote."""
+
+    def __init__(self, stream, arrived=True, decision=None, time_then=-10.0):
+        self.stream_key, self.decision, self.done, self.refused = stream, decision, False, None
+        self.deadline = 1.0 if arrived else None
+        self.time_then = time_then  # handed over 10 s before the test's "now" (0.0) unless said
+
+
 def test_a_full_queue_takes_no_more_checks(monkeypatch):
     monkeypatch.setattr(worker, "MAX_PENDING", 2)
     blocked = worker.Worker()  # not started: nothing is taken from its queue
-    assert blocked.submit(object()) and blocked.submit(object())
-    assert not blocked.submit(object())
+    assert blocked.submit(_Held("a")) and blocked.submit(_Held("b"))
+    late = _Held("c")
+    assert not blocked.submit(late) and late.refused[0] == worker.BEHIND
+
+
+@pytest.mark.parametrize("waiting, total, expected", [
+    (["open"] * 7, 7, None),  # under its quota and the bound: taken
+    (["open"] * 8, 8, worker.UNREACHED),  # its oldest still waits for ranks, for 10 s
+    (["new"] * 8, 8, None),  # ... for 0.5 s: ranks a few checks apart, within the grace
+    (["new"] * 8, 40, None),  # ... whatever the other streams hold
+    (["new"] * 32, 32, worker.UNREACHED),  # ... but it holds half the bound: no grace
+    (["go"] + ["open"] * 7, 8, None),  # its oldest agreed, not yet exchanged: a backlog, held by the bound only
+    (["queued"] * 8, 8, None),  # not even counted in yet: the same
+    (["go"] * 20, 64, worker.BEHIND),  # the process-wide memory bound
+    ([], 64, worker.BEHIND),
+    (["open"], 64, worker.UNREACHED)])
+def test_the_refusal_names_the_stream_over_its_quota_and_why(waiting, total, expected):
+    jobs = [_Held("s", arrived=state != "queued", decision="go" if state == "go" else None,
+                  time_then=-0.5 if state == "new" else -10.0) for state in waiting]
+    assert worker.refusal(jobs, total, quota=8, bound=64, now=0.0) == expected
+
+
+def test_a_stuck_stream_fills_its_own_quota_and_never_the_others():
+    """Rank 0's probe checks never reach "go": its ninth is refused (UNREACHED), the main stream's checks are all
+    still taken -- a process-wide bound alone would have refused the main stream's check once 64 probe checks
+    piled up."""
+    held = worker.Worker()  # not started: what it holds stays as set here
+    for _ in range(worker.MAX_PENDING_PER_STREAM):
+        assert held.submit(_Held("probe", time_then=worker.time.monotonic() - 10))
+    over = _Held("probe")
+    assert not held.submit(over) and over.refused[0] == worker.UNREACHED
+    assert over.refused[1] is held.streams["probe"][0]
+    for _ in range(worker.MAX_PENDING - 2 * worker.MAX_PENDING_PER_STREAM):
+        main = _Held("main")
+        assert held.submit(main)
+        main.done = True  # answered: it leaves the stream's count
+
+
+def test_a_refusal_says_which_ranks_reached_the_oldest_check():
+    class _Oldest(object):
+        arrived, reached, time_then = 1, [0], worker.time.monotonic()
+        pending = type("P", (), {"step": 3, "channel": type("C", (), {"size": 2})()})()
+
+    refused = _Held("probe")
+    refused.refused = (worker.UNREACHED, _Oldest(), 8)
+    said = worker.refusal_reason(refused, 1, "TPU_CLOSURE_FIX_SYNC_CHECK")
+    assert said.startswith("its earlier checks were not reached by every rank (the oldest, at step 3, by rank 0 "
+                           "only so far, "), said
+    refused.refused = (worker.BEHIND, None, 8)
+    assert worker.refusal_reason(refused, 1, "TPU_CLOSURE_FIX_SYNC_CHECK") == (
+        "8 checks are still being exchanged (every 1 steps is more often than the ranks can exchange them); set "
+        "TPU_CLOSURE_FIX_SYNC_CHECK higher")
+
+
+class _CountingStore(object):
+    """A store whose counts stay as set: it counts the polls of each key."""
+
+    def __init__(self, arrived):
+        self.arrived, self.polls = arrived, collections.Counter()
+
+    def add(self, key, amount):
+        self.polls[key.rsplit("/", 2)[-2]] += 1
+        return self.arrived[key.rsplit("/", 2)[-2]]
+
+
+def test_a_stream_is_polled_oldest_first_and_no_further_than_its_first_open_check():
+    import time
+
+    store = _CountingStore({"P0": 1, "P1": 1, "P2": 1, "A0": 1})
+    polling = worker.Worker()
+    channel = type("C", (), {"size": 2, "rank": 0, "_store": lambda self: store})()
+    for name in ("P0", "A0", "P1", "P2"):
+        job = worker.Job(compare.Pending(channel, compare.Stream(name[0]), 1, name, None, None, None),
+                         lambda *a: None, lambda *a: None)
+        job.deadline = time.monotonic() + 60
+        polling.pending[job.key] = job
+    assert polling._agree() is False
+    assert store.polls == {"P0": 1, "A0": 1}  # P1 and P2 wait behind P0 on every rank: not polled
 
 
 def test_the_worker_stops_within_its_bound_and_leaves_no_thread():
@@ -160,3 +246,147 @@ def test_a_failure_inside_the_worker_is_said_once_and_no_check_is_taken_after(mo
     assert said == ["tpu-closure-fix: the sync check's worker thread failed (ZeroDivisionError: division by zero) "
                     "and the zero-code check is now off; training goes on."]
     assert worker.submit(object()) is False and worker._workers == {}
+
+
+# --------------------------------------------------------------------------- raise: every rank at the same step
+def test_the_raise_round_runs_whenever_the_verdict_diverged():
+    class Verdict(object):
+        def __init__(self, diverged):
+            self.diverged = diverged
+
+    assert worker.raise_round(Verdict(True)) is True and worker.raise_round(Verdict(False)) is False
+
+
+def test_a_rank_not_raising_votes_the_sentinel_and_never_raises():
+    assert worker.raise_vote(False, 10, 0.0, 110, 1.0) == worker.NOT_RAISING
+    assert worker.raise_vote(True, 10, 0.0, 110, 1.0) == worker.raise_proposal(10, 0.0, 110, 1.0)
+    assert worker.raise_step(True, 131) == 131
+    assert worker.raise_step(False, 131) is None  # told to warn: the others' step is not its own
+    assert worker.raise_step(True, worker.NOT_RAISING) is None
+
+
+class RaiseOutcome(Outcome):
+    def __init__(self):
+        super(RaiseOutcome, self).__init__()
+        self.raise_at = {}
+
+    def job(self, channel, stream, model, step, expected, raising=False):
+        done = super(RaiseOutcome, self).job(channel, stream, model, step, expected)
+        told = done.deliver
+
+        def deliver(report, raise_at):
+            self.raise_at[done.pending.barrier] = raise_at
+            told(report, raise_at)
+
+        return worker.Job(done.pending, deliver, done.stand_down, current_step=lambda: step, raising=raising)
+
+
+def test_ranks_told_differently_on_divergence_pair_every_collective():
+    """Rank 0 raises, rank 1 warns: after the diverged check A both enter the raise-step all-reduce, so the
+    next check B's all-reduce pairs with B's on the other rank (answered, not out of step)."""
+    store, world = dist.HashStore(), ThreadWorld(2)
+    outcomes = [RaiseOutcome(), RaiseOutcome()]
+    workers = [worker.Worker().start() for _ in range(2)]
+    try:
+        for rank in range(2):
+            torch.manual_seed(0)
+            models = {"A": torch.nn.Linear(3, 2), "B": torch.nn.Linear(5, 1)}
+            if rank == 1:
+                with torch.no_grad():
+                    models["A"].weight[0, 0] += 1.0
+            channel = StoreChannel(world, rank, store, 10)
+            for name in ("A", "B"):
+                job = outcomes[rank].job(channel, compare.Stream(name), models[name], 3, 2, raising=rank == 0)
+                assert workers[rank].submit(job)
+        for outcome in outcomes:
+            assert outcome.done.wait(60)
+    finally:
+        for each in workers:
+            each.stop(5)
+    for outcome in outcomes:
+        assert outcome.stood_down == {}
+        assert outcome.reports["A/0"].outcome == "differ" and outcome.reports["B/0"].outcome == "identical"
+    assert outcomes[0].raise_at["A/0"] is not None and outcomes[0].raise_at["A/0"] > 3
+    assert outcomes[1].raise_at["A/0"] is None
+    assert outcomes[0].raise_at["B/0"] is None and outcomes[1].raise_at["B/0"] is None
+
+
+# --------------------------------------------------------------------------- the job's end
+GLOO_CLOSED = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+               "[127.0.0.1]:19118. This is typically caused by a remote worker crashing. Check the logs of the remote "
+               "worker before reporting an error. GLHF! \U0001f3d6\ufe0f\nsecond line")
+
+
+def test_a_collective_that_did_not_complete_says_a_short_reason():
+    from tpu_closure_fix.synccheck import comm
+
+    channel = comm._StoreChannel(0, 2, 5)
+    said = str(channel._did_not_complete("all-reduce", RuntimeError(GLOO_CLOSED)))
+    assert said == ("the check's all-reduce did not complete (RuntimeError: Connection closed by peer "
+                    "[127.0.0.1]:19118): a peer gone or timed out")
+    long = str(channel._did_not_complete("all-gather", RuntimeError("x" * 300)))
+    assert long == ("the check's all-gather did not complete (RuntimeError: %s...): a peer gone or timed out"
+                    % ("x" * 77))
+
+
+def test_a_broken_channel_is_the_job_ending_only_while_this_process_ends(monkeypatch):
+    from tpu_closure_fix.synccheck import comm
+
+    broken, lost = comm.StoodDown("closed", broken=True), comm.StoodDown("not reached")
+    monkeypatch.setitem(worker._state, "ending", False)
+    assert worker.said_as_ending(broken) is False  # a peer lost while this process trains: a warning
+    monkeypatch.setitem(worker._state, "ending", True)
+    assert worker.said_as_ending(broken) is True and worker.said_as_ending(lost) is False
+
+
+def test_the_drain_at_the_end_is_bounded_by_the_agreement_timeout():
+    assert worker.drain_bound({}) == worker.EXIT_DRAIN
+    assert worker.drain_bound({"TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT": "3"}) == 3
+    assert worker.drain_bound({"TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT": "600"}) == worker.EXIT_DRAIN
+
+
+def test_at_the_end_the_checks_handed_over_are_answered_then_the_workers_stop(monkeypatch):
+    """Both thread-ranks hand over two checks and end at once: ``finish`` answers them before it stops."""
+    store, world = dist.HashStore(), ThreadWorld(2)
+    outcomes = [Outcome() for _ in range(2)]
+    workers = [worker.Worker().start() for _ in range(2)]
+    monkeypatch.setattr(worker, "_workers", {("thread", rank): each for rank, each in enumerate(workers)})
+    monkeypatch.setitem(worker._state, "ending", False)
+    models = _models()
+    for rank in range(2):
+        channel = StoreChannel(world, rank, store, 20)
+        for name in ("A", "B"):
+            assert workers[rank].submit(outcomes[rank].job(channel, compare.Stream(name), models[name], 1, 2))
+    worker.finish()
+    assert [sorted(outcome.reports) for outcome in outcomes] == [["A/0", "B/0"], ["A/0", "B/0"]]
+    assert not any(each.thread.is_alive() for each in workers) and worker._workers == {}
+    assert worker.ending() is True
+
+
+@pytest.mark.parametrize("states, moved, expected", [
+    (["open", "open"], 0.0, True),  # only checks waiting for ranks, nothing moved for 5 s: given up
+    (["open", "open"], 4.0, False),  # something moved 1 s ago: still waited for
+    (["open", "go"], 0.0, False),  # one agreed, waiting for its exchange: still waited for
+    (["open", "queued"], 0.0, False)])  # one not yet counted in
+def test_the_end_gives_up_only_on_checks_waiting_for_ranks_when_nothing_moves(states, moved, expected):
+    jobs = [_Held("s", arrived=state != "queued", decision="go" if state == "go" else None) for state in states]
+    assert worker.stalled(jobs, moved, 5.0, quiet=2.0) is expected
+
+
+def test_at_the_end_a_check_no_other_rank_will_reach_is_given_up_once_nothing_moves(monkeypatch):
+    """Rank 0 alone hands over a probe's check: ``finish`` stops waiting for it once nothing moved for the quiet
+    time, not at the drain's bound."""
+    import time
+
+    store, world = dist.HashStore(), ThreadWorld(2)
+    outcome, alone = Outcome(), worker.Worker().start()
+    monkeypatch.setattr(worker, "_workers", {"process": alone})
+    monkeypatch.setattr(worker, "EXIT_QUIET", 0.2)
+    monkeypatch.setattr(worker, "EXIT_DRAIN", 30)
+    monkeypatch.setitem(worker._state, "ending", False)
+    monkeypatch.setenv("TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT", "600")
+    assert alone.submit(outcome.job(StoreChannel(world, 0, store, 600), compare.Stream("P"), _models()["P"], 1, 1))
+    started = time.monotonic()
+    worker.finish()
+    assert time.monotonic() - started < 20  # well below the 30 s bound: given up, not waited out
+    assert not alone.thread.is_alive() and outcome.reports == {}

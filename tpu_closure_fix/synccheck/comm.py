@@ -360,8 +360,17 @@ class _StoreChannel(object):
             raise self._did_not_complete(what, exc)
 
     def _did_not_complete(self, what, exc):
+        """The collective's failure, its error cut to a short reason: the first sentence of its first line,
+        without gloo's ``[source:line]`` prefix, in ASCII, at most 80 characters (the warning stays readable)."""
+        import re
+
+        reason = str(exc).splitlines()[0] if str(exc) else ""
+        reason = re.sub(r"^\[[^\]]*\]\s*", "", reason)  # "[/.../gloo/transport/tcp/pair.cc:553] "
+        reason = re.split(r"\.\s+(?=[A-Z])", reason)[0].encode("ascii", "ignore").decode("ascii").strip()
+        if len(reason) > 80:
+            reason = reason[:77].rstrip() + "..."
         return StoodDown("the check's %s did not complete (%s: %s): a peer gone or timed out"
-                         % (what, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else ""), broken=True)
+                         % (what, type(exc).__name__, reason), broken=True)
 
     def all_reduce_max(self, vector):
         dist = self._c10d()

@@ -413,7 +413,7 @@ def _check_off_thread(optimizer, stream, step, channel):
     steps = entry[1]
     group = comm.default_group_id() if isinstance(channel, comm.DistributedChannel) else None
     if group is not None and worker.stale(group):
-        worker.release()
+        worker.release(answer=False)  # the old group is gone: its checks cannot be answered, none is waited for
     started = time.perf_counter()
     pending = compare.prepare(optimizer, step, stream, channel=channel)
     held = time.perf_counter() - started  # what the training thread gives the check: the fingerprint
@@ -458,6 +458,10 @@ def _check_off_thread(optimizer, stream, step, channel):
         stream.stood_down = str(exc)
         if exc.broken:
             disarm()
+        if worker.said_as_ending(exc):  # a peer closing its connection as this process ends too: no warning
+            reports.logger.info("tpu-closure-fix: the job ended before the sync check at step %d completed (%s)",
+                                step, exc)
+            return
         message = ("tpu-closure-fix: the zero-code sync check stands down for %s at step %d: %s. "
                    "Training goes on." % (name, step, exc))
         _say_once(("stood down", str(exc) if exc.broken else stream.key), message, where)
@@ -468,11 +472,10 @@ def _check_off_thread(optimizer, stream, step, channel):
         if worker.failed():  # said once when it failed
             stream.stood_down = "the sync check's worker failed"
             return
-        stream.stood_down = "the sync check's worker is behind"
+        # the words say why this stream is over its quota: checks some rank has not reached, or too many to exchange
+        stream.stood_down = worker.refusal_reason(job, _armed["every"], SYNC_CHECK_VAR)
         _say_once(("behind", stream.key), "tpu-closure-fix: the zero-code sync check stands down for %s at step "
-                  "%d: %d checks are still being exchanged (every %d steps is more often than the ranks can "
-                  "exchange them); set %s higher. Training goes on."
-                  % (name, step, worker.MAX_PENDING, _armed["every"], SYNC_CHECK_VAR), where)
+                  "%d: %s. Training goes on." % (name, step, stream.stood_down), where)
 
 
 def _raise_if_due(stream, step):

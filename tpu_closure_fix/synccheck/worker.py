@@ -9,24 +9,29 @@ and the check's own gloo group:
 
 1. **Arrive.** It counts the check in under the check's key (the stream and its check number) and notes its
    rank there.
-2. **Agree.** It polls every pending check at once: a check every rank arrived at is voted "go"; one still
-   incomplete after ``TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`` seconds is voted "abort" (compare-and-set: the first
-   vote written is every rank's answer). An aborted check is said once, naming the optimizer and the ranks
-   that reached it and those that did not, and its stream stands down; the other pending checks go on
-   meanwhile -- an optimizer stepped on rank 0 alone holds up neither training nor the other checks.
+2. **Agree.** It polls the pending checks, each stream's oldest first: a check every rank arrived at is voted
+   "go"; one still incomplete after ``TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`` seconds is voted "abort"
+   (compare-and-set: the first vote written is every rank's answer). An aborted check is said once, naming the
+   optimizer and the ranks that reached it and those that did not, and its stream stands down; the other pending
+   checks go on meanwhile -- an optimizer stepped on rank 0 alone holds up neither training nor the other
+   checks.
 3. **Order.** Checks agreed "go" are exchanged one at a time in an order every rank reads from the store:
    exchange number ``n`` is the first "go" check some rank proposes for it (compare-and-set again), so the
    ranks enter the check's collectives in the same order whatever order they fingerprinted them in.
 4. **Exchange and verdict** (:func:`.compare.exchange`); the report is given as soon as it is known, naming the
    check's step, its warning pointing at the user's line that stepped (captured on the training thread).
-   With ``on_divergence="raise"`` the ranks agree, through one more small all-reduce, on the optimizer step
-   at which every one of them raises (:func:`raise_proposal`): each rank's training thread raises there.
+   After a divergence every rank, whatever its own action, enters one more small all-reduce (a rank that
+   only warns proposes :data:`NOT_RAISING`): the raising ranks agree there on the optimizer step at which
+   every one of them raises (:func:`raise_proposal`): each raising rank's training thread raises there.
 
-Bounds: at most :data:`MAX_PENDING` checks wait (a vector of about 80 kB each); a check beyond that is not
-taken, its stream stands down with one message (the others then stand down at the agreement's timeout). The
-worker stops at interpreter exit (waiting at most :data:`EXIT_WAIT` seconds), is absent from a forked child,
-and is stopped, with the check's gloo group, when the job destroys its process group. A failure inside the
-worker is warned once; the zero-code check then stays off and training goes on.
+Bounds: at most :data:`MAX_PENDING` checks wait in all (a vector of about 80 kB each), and at most
+:data:`MAX_PENDING_PER_STREAM` of a stream whose oldest check some rank has not reached; a check beyond that is not
+taken and its own stream stands down with one message saying why (:func:`refusal`: its checks not reached by every
+rank, or too frequent to exchange); the other ranks' checks of that stream then stand down in turn. At interpreter
+exit and when the job destroys its process group the worker first answers the checks already handed over
+(:func:`finish`: at most :func:`drain_bound` seconds), then stops (with the check's gloo group at destroy); it is
+absent from a forked child. A failure inside the worker is warned once; the zero-code check then stays off and
+training goes on.
 """
 import atexit
 import collections
@@ -40,9 +45,30 @@ import warnings
 from ..config import TPUClosureFixWarning
 from . import comm
 
-#: Checks fingerprinted and not yet exchanged, at most (each holds one vector of about 80 kB).
+#: Checks fingerprinted and not yet exchanged, at most (each holds one vector of about 80 kB): the memory bound.
 MAX_PENDING = 64
-#: Seconds the process waits, at exit or when the process group is destroyed, for a check being exchanged.
+#: Checks of one stream (one optimizer) not yet answered while its oldest still waits for ranks, at most: a
+#: stream whose checks some rank never reaches (a probe optimizer stepped on rank 0 only) fills its own quota,
+#: never the others' room.
+MAX_PENDING_PER_STREAM = 8
+#: Seconds a stream's oldest check waits for ranks before its quota applies (while the stream holds less than
+#: half of :data:`MAX_PENDING`): ranks a few checks apart are not a stuck stream.
+GRACE = 1.0
+#: Why a stream's check is not taken: its oldest unanswered check still waits for ranks that have not reached it,
+#: or its checks come faster than the ranks exchange them.
+UNREACHED = "unreached"
+BEHIND = "behind"
+#: Seconds a check waits for its ranks before the worker reads which ranks reached it (for the words of a
+#: refusal): a check answered sooner costs no such read.
+STUCK = 0.05
+#: Seconds the process waits, at exit or when the process group is destroyed, for the worker to finish the
+#: checks already handed over (never longer than the agreement's timeout): the job's last checks are answered.
+EXIT_DRAIN = 10.0
+#: Seconds without any check moving (a rank counted in, a vote, an exchange) after which that end gives up on
+#: checks still waiting for ranks: at the job's end every rank has handed its checks over, so one not reached
+#: by then (a rank-0 probe's) never will be.
+EXIT_QUIET = 2.0
+#: Seconds the process then waits for the worker thread to end (a check still being exchanged).
 EXIT_WAIT = 2.0
 #: Seconds of training, at each rank's own pace, between the ranks' agreement on where to raise and that step:
 #: long enough for every rank to learn the agreed step before it gets there.
@@ -52,7 +78,9 @@ RAISE_LEAD = 0.2
 FIRST_POLL = 0.002
 MAX_POLL = 0.05
 
-_state = {"failed": None}
+#: ``failed``: why a worker failed (None: none did); ``ending``: this process is exiting or destroying its
+#: process group (a peer closing its connection then is the job ending, not a peer lost).
+_state = {"failed": None, "ending": False}
 #: The worker of each rank in this process (``channel.worker_scope``): "process" with a process group, one per
 #: replica thread without.
 _workers = {}
@@ -74,6 +102,12 @@ class Job(object):
         self.raising = raising
         self.tolerance = tolerance
         self.key = comm.KEY_PREFIX + pending.barrier
+        self.stream_key = getattr(pending.stream, "key", None)
+        self.done = False  # answered or stood down: it no longer counts against its stream's quota
+        self.arrived = 0  # ranks counted in under its key at the worker's latest poll
+        self.reached = None  # those ranks, once read (a check waiting longer than STUCK)
+        #: why submit() did not take it: (UNREACHED or BEHIND, the stream's oldest check, how many checks wait)
+        self.refused = None
         self.step_then = current_step() if current_step is not None else 0
         self.time_then = time.monotonic()
         self.deadline = None
@@ -91,6 +125,52 @@ def vote(arrived, size, now, deadline):
     return None
 
 
+def refusal(waiting, total, quota=None, bound=None, now=None):
+    """Why a stream's next check is not taken, or None (taken). ``waiting``: that stream's checks not yet
+    answered, oldest first; ``total``: every stream's checks waiting in the worker.
+
+    A stream whose oldest check arrived and still waits for ranks (:data:`UNREACHED`: a probe optimizer
+    stepped on some ranks only) is refused at its own ``quota`` once that check waited :data:`GRACE` seconds
+    (ranks with no collective between their steps may run a few checks apart), or at once when it holds half
+    the ``bound``: its stuck checks never take more than half the room. A stream whose checks are all reached is held only by the memory ``bound`` (:data:`BEHIND`: checks
+    come faster than the ranks exchange them): a backlog while the first exchange makes the check's gloo
+    group must not stand it down."""
+    quota = MAX_PENDING_PER_STREAM if quota is None else quota
+    bound = MAX_PENDING if bound is None else bound
+    oldest = waiting[0] if waiting else None
+    unreached = oldest is not None and oldest.deadline is not None and oldest.decision is None
+    now = time.monotonic() if now is None else now
+    if len(waiting) >= quota and unreached and (now - oldest.time_then >= GRACE or 2 * len(waiting) >= bound):
+        return UNREACHED
+    if total >= bound:
+        return UNREACHED if unreached else BEHIND
+    return None
+
+
+def refusal_reason(job, every, variable):
+    """The words of a refusal (``job.refused``) after "stands down for <optimizer> at step N: "."""
+    cause, oldest, count = job.refused or (BEHIND, None, MAX_PENDING)
+    if cause == UNREACHED and oldest is not None:
+        size = oldest.pending.channel.size
+        if oldest.reached:
+            who = "rank%s %s only" % ("s" if len(oldest.reached) > 1 else "", _ranks(oldest.reached))
+        else:
+            who = "%d of %d ranks" % (max(oldest.arrived, 1), size)
+        return ("its earlier checks were not reached by every rank (the oldest, at step %d, by %s so far, "
+                "%.1f s ago): an optimizer stepped on some ranks only, ranks out of step, or a rank gone"
+                % (oldest.pending.step, who, time.monotonic() - oldest.time_then))
+    return ("%d checks are still being exchanged (every %d steps is more often than the ranks can exchange "
+            "them); set %s higher" % (count, every, variable))
+
+
+def stalled(jobs, moved, now, quiet):
+    """Whether checks held at the job's end can be given up: every one still waits for ranks (arrived,
+    undecided: none agreed "go" and waiting for its exchange) and no check moved for ``quiet`` seconds."""
+    if any(job.deadline is None or job.decision is not None for job in jobs):
+        return False
+    return now - moved >= quiet
+
+
 def proposal(jobs):
     """The check this rank proposes for the next exchange: its first pending check agreed "go" (None: none)."""
     for job in jobs:
@@ -106,6 +186,31 @@ def raise_proposal(step_then, time_then, step_now, time_now, lead=RAISE_LEAD):
     elapsed = max(time_now - time_then, 1e-6)
     pace = max(step_now - step_then, 0) / elapsed
     return int(step_now) + int(math.ceil(pace * lead)) + 1
+
+
+#: A rank that does not raise proposes this step: below any real proposal, so the largest is a raising rank's.
+NOT_RAISING = 0
+
+
+def raise_round(report):
+    """Whether the ranks run the raise-step all-reduce after this verdict: whenever it diverged, on every rank
+    (the verdict is the same on every rank; each rank's own action is not: ranks may be told differently)."""
+    return bool(report.diverged)
+
+
+def raise_vote(raising, step_then, time_then, step_now, time_now):
+    """What this rank puts into the raise-step all-reduce: its :func:`raise_proposal` when it raises, else
+    :data:`NOT_RAISING`."""
+    if not raising:
+        return NOT_RAISING
+    return raise_proposal(step_then, time_then, step_now, time_now)
+
+
+def raise_step(raising, agreed):
+    """The step this rank raises at, from the all-reduce's result: None when it does not raise."""
+    if raising and agreed > NOT_RAISING:
+        return agreed
+    return None
 
 
 def due_to_raise(step, raise_at):
@@ -131,8 +236,10 @@ class Worker(object):
         self.group = group  # the identity of the process group whose store and ranks it uses
         self.queue = collections.deque()
         self.pending = collections.OrderedDict()  # key -> Job, in the order this rank fingerprinted them
+        self.streams = {}  # stream key -> its checks handed over, oldest first (the answered ones pruned at submit)
         self.exchanges = 0  # exchanges done: the number of the next one, the same on every rank
         self.busy = False
+        self.moved = time.monotonic()  # when a check last moved: a rank counted in, a vote, an exchange
         self.stopping = False
         self.wake = threading.Condition(threading.Lock())
         self.thread = threading.Thread(target=self._main, name=comm.WORKER_THREAD, daemon=True)
@@ -143,10 +250,20 @@ class Worker(object):
         return self
 
     def submit(self, job):
-        """Queue ``job``; False when :data:`MAX_PENDING` checks already wait (it is not taken)."""
+        """Queue ``job``; False when it is not taken (``job.refused`` says why: :func:`refusal`; None: the worker
+        is stopping)."""
         with self.wake:
-            if len(self.queue) + len(self.pending) >= MAX_PENDING or self.stopping:
+            if self.stopping:
                 return False
+            waiting = [each for each in self.streams.get(job.stream_key, ()) if not each.done]
+            cause = refusal(waiting, len(self.queue) + len(self.pending))
+            if cause is not None:
+                held = len(self.queue) + len(self.pending) if cause == BEHIND else len(waiting)
+                job.refused = (cause, waiting[0] if waiting else None, held)
+                self.streams[job.stream_key] = waiting
+                return False
+            waiting.append(job)
+            self.streams[job.stream_key] = waiting
             self.queue.append(job)
             self.wake.notify()
         return True
@@ -154,6 +271,18 @@ class Worker(object):
     def idle(self):
         with self.wake:
             return not self.queue and not self.pending and not self.busy
+
+    def stuck(self, quiet, now=None):
+        """Whether all this worker holds are checks still waiting for ranks and none moved for ``quiet`` s."""
+        now = time.monotonic() if now is None else now
+        with self.wake:
+            if self.queue or self.busy:
+                return False
+            try:
+                jobs = list(self.pending.values())
+            except RuntimeError:  # changed while read: something moved
+                return False
+        return stalled(jobs, self.moved, now, quiet)
 
     def stop(self, wait=EXIT_WAIT):
         """Stop taking checks and end the thread, waiting at most ``wait`` seconds for it."""
@@ -183,6 +312,7 @@ class Worker(object):
                 finally:
                     self.busy = False
                 if progressed or new:
+                    self.moved = time.monotonic()
                     delay = FIRST_POLL
                 else:
                     with self.wake:
@@ -213,14 +343,23 @@ class Worker(object):
         self.pending[job.key] = job
 
     def _agree(self):
-        """Poll every pending check not yet agreed; True when some check got its answer."""
+        """Poll the pending checks not yet agreed, each stream's oldest first; True when some check got its
+        answer. A stream's polling stops at its first check still open: every rank hands a stream's checks over
+        in order (a rank that skips one stands that stream down), so a later one is complete only after it,
+        and its deadline is later -- stuck checks cost one store round trip per stream, not one each."""
         progressed = False
+        open_streams = set()
         for job in [j for j in self.pending.values() if j.decision is None]:
+            if job.stream_key in open_streams:
+                continue
             channel = job.pending.channel
             try:
                 store = self._store(job)
-                wanted = vote(store.add(job.key + "/arrived", 0), channel.size, time.monotonic(), job.deadline)
+                arrived = store.add(job.key + "/arrived", 0)
+                self._note_arrivals(job, store, arrived, channel.size)
+                wanted = vote(arrived, channel.size, time.monotonic(), job.deadline)
                 if wanted is None:
+                    open_streams.add(job.stream_key)
                     continue
                 job.decision = _text(store.compare_set(job.key + "/decision", "", wanted))
             except Exception as exc:
@@ -230,6 +369,22 @@ class Worker(object):
             if job.decision != "go":
                 self._give_up(job, self._not_reached(job))
         return progressed
+
+    def _note_arrivals(self, job, store, arrived, size):
+        """Keep what a refusal says about a check still waiting: how many ranks arrived, and which (read once
+        per new count, only after the check waited :data:`STUCK` seconds)."""
+        if arrived == job.arrived and job.reached is not None:
+            return
+        if arrived != job.arrived:
+            self.moved = time.monotonic()
+        job.arrived = arrived
+        if arrived >= size or time.monotonic() - job.time_then < STUCK or not hasattr(store, "append"):
+            return
+        try:
+            job.reached = ranks_named([int(r) for r in _text(store.get(job.key + "/ranks")).split(",")
+                                       if r.strip().isdigit()], size)[0]
+        except Exception:
+            job.reached = []  # not read again: the refusal then counts the ranks
 
     def _exchange_next(self):
         """Run the next exchange when some rank proposed it; True when one ran."""
@@ -269,21 +424,25 @@ class Worker(object):
             report = compare.exchange(pending, job.tolerance if job.tolerance is not None
                                       else compare.DEFAULT_TOLERANCE)
             raise_at = None
-            if job.raising and report.diverged and job.current_step is not None:
+            if raise_round(report):
                 raise_at = self._agree_raise_step(job)
         except comm.StoodDown as exc:
             self._break(exc, job)
             return
+        job.done = True
+        job.deliver(report, raise_at)  # before the store's keys go: rank 0 learns the verdict no later than the rest
         self._forget(job, slot)
-        job.deliver(report, raise_at)
 
     def _agree_raise_step(self, job):
-        """The step every rank raises at: the largest of the ranks' proposals (one all-reduce of one number)."""
+        """The step this rank raises at (None: it does not raise): the largest of the ranks' proposals, one
+        all-reduce of one number that every rank enters, raising or not (a rank not raising proposes
+        :data:`NOT_RAISING`), so it never pairs with another exchange's all-reduce."""
         import torch
 
-        here = raise_proposal(job.step_then, job.time_then, job.current_step(), time.monotonic())
+        step_now = job.current_step() if job.current_step is not None else job.step_then
+        here = raise_vote(job.raising, job.step_then, job.time_then, step_now, time.monotonic())
         agreed = job.pending.channel.all_reduce_max(torch.tensor([float(here)], dtype=torch.float64))
-        return int(agreed[0])
+        return raise_step(job.raising, int(agreed[0]))
 
     def _forget(self, job, slot):
         """Rank 0 deletes an exchanged check's keys: every rank has read them (all entered its all-reduce)."""
@@ -316,6 +475,7 @@ class Worker(object):
 
     def _give_up(self, job, exc):
         self.pending.pop(job.key, None)
+        job.done = True
         job.stand_down(exc)
         if exc.broken:
             self._break(exc)
@@ -325,6 +485,7 @@ class Worker(object):
         jobs = ([job] if job is not None else []) + list(self.pending.values())
         self.pending.clear()
         for each in jobs:
+            each.done = True
             each.stand_down(exc)
 
 
@@ -375,12 +536,13 @@ def stale(group):
     return worker is not None and worker.pid == os.getpid() and worker.group != group
 
 
-def drain(seconds):
-    """Wait at most ``seconds`` until every check handed over so far is answered; True when all are."""
+def drain(seconds, quiet=None):
+    """Wait at most ``seconds`` until every check handed over so far is answered; True when all are. ``quiet``:
+    give up sooner once all that is left waits for ranks and nothing moved for that long (:func:`stalled`)."""
     deadline = time.monotonic() + seconds
     for worker in _mine():
         while worker.thread.is_alive() and not worker.idle():
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or (quiet is not None and worker.stuck(quiet)):
                 return False
             time.sleep(0.005)
     return True
@@ -404,10 +566,43 @@ def stop(wait=EXIT_WAIT):
             worker.thread.join(max(deadline - time.monotonic(), 0))
 
 
-def release(wait=EXIT_WAIT):
-    """Stop the worker and let go of the check's own gloo group (the job is destroying its process group)."""
+def ending():
+    """Whether this process is exiting or destroying its process group now."""
+    return _state["ending"]
+
+
+def said_as_ending(exc):
+    """Whether a check's failure is the job ending (said at info level) rather than a peer lost (a warning): the
+    channel broke while this process is itself exiting or destroying its process group."""
+    return bool(getattr(exc, "broken", False) and ending())
+
+
+def drain_bound(environ=None):
+    """Seconds to let the worker finish its checks at the job's end: :data:`EXIT_DRAIN`, never longer than the
+    agreement's timeout."""
+    environ = os.environ if environ is None else environ
+    return min(EXIT_DRAIN, comm.parse_timeout(environ.get(comm.TIMEOUT_VAR))[0])
+
+
+def finish(wait=EXIT_WAIT, answer=True):
+    """The job ends: let the workers answer the checks already handed over (at most :func:`drain_bound`
+    seconds, less once only checks waiting for ranks are left and none moved for :data:`EXIT_QUIET` seconds;
+    ``answer`` False: none), then stop them. Checks still open after that are dropped."""
+    _state["ending"] = True
+    if answer and _mine():
+        drain(drain_bound(), EXIT_QUIET)
     stop(wait)
-    comm.release_groups()
+
+
+def release(wait=EXIT_WAIT, answer=True):
+    """Answer the checks handed over (``answer`` False: the process group they were made over is gone already),
+    stop the worker and let go of the check's own gloo group (the job is destroying its process group; a new
+    one gets a new worker)."""
+    try:
+        finish(wait, answer)
+        comm.release_groups()
+    finally:
+        _state["ending"] = False
 
 
 def _after_fork_in_child():
@@ -416,6 +611,7 @@ def _after_fork_in_child():
     _lock = threading.Lock()
     _workers.clear()
     _state["failed"] = None
+    _state["ending"] = False
 
 
 _destroy_wrapped = []
@@ -465,6 +661,6 @@ def _default_group(dist):
         return None
 
 
-atexit.register(stop)
+atexit.register(finish)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
