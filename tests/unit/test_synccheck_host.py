@@ -326,6 +326,8 @@ def test_a_store_not_there_is_said_with_its_causes_and_the_variables(monkeypatch
 
 
 def test_a_reason_quotes_one_short_line():
-    assert comm._short("Connection closed by peer [127.0.0.1]:1 " + "x" * 200 + "\nmore") == \
-        ("Connection closed by peer [127.0.0.1]:1 " + "x" * 200)[:77] + "..."
+    assert comm._short("Connection closed by peer " + "x" * 200 + "\nmore") == \
+        ("Connection closed by peer " + "x" * 200)[:77] + "..."
     assert comm._short("short\nsecond") == "short" and comm._short("") == ""
+    assert comm._short("[/a/pair.cc:553] Connection closed by peer [127.0.0.1]:1. This is typically caused") == \
+        "Connection closed by peer [127.0.0.1]:1"

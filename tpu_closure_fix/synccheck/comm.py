@@ -360,17 +360,9 @@ class _StoreChannel(object):
             raise self._did_not_complete(what, exc)
 
     def _did_not_complete(self, what, exc):
-        """The collective's failure, its error cut to a short reason: the first sentence of its first line,
-        without gloo's ``[source:line]`` prefix, in ASCII, at most 80 characters (the warning stays readable)."""
-        import re
-
-        reason = str(exc).splitlines()[0] if str(exc) else ""
-        reason = re.sub(r"^\[[^\]]*\]\s*", "", reason)  # "[/.../gloo/transport/tcp/pair.cc:553] "
-        reason = re.split(r"\.\s+(?=[A-Z])", reason)[0].encode("ascii", "ignore").decode("ascii").strip()
-        if len(reason) > 80:
-            reason = reason[:77].rstrip() + "..."
+        """The collective's failure, its error cut to a short reason (:func:`_short`)."""
         return StoodDown("the check's %s did not complete (%s: %s): a peer gone or timed out"
-                         % (what, type(exc).__name__, reason), broken=True)
+                         % (what, type(exc).__name__, _short(str(exc))), broken=True)
 
     def all_reduce_max(self, vector):
         dist = self._c10d()
@@ -488,9 +480,14 @@ def _open_store(server, device_type, timeout):
 
 
 def _short(text, limit=80):
-    """The first line of an error's text, at most ``limit`` characters: what a one-line reason quotes."""
-    first = text.splitlines()[0] if text else ""
-    return first if len(first) <= limit else first[:limit - 3] + "..."
+    """An error's text as a one-line reason: the first sentence of its first line, without gloo's
+    ``[source:line]`` prefix, in ASCII, at most ``limit`` characters (the warning quoting it stays readable)."""
+    import re
+
+    reason = text.splitlines()[0] if text else ""
+    reason = re.sub(r"^\[[^\]]*\]\s*", "", reason)  # "[/.../gloo/transport/tcp/pair.cc:553] "
+    reason = re.split(r"\.\s+(?=[A-Z])", reason)[0].encode("ascii", "ignore").decode("ascii").strip()
+    return reason if len(reason) <= limit else reason[:limit - 3].rstrip() + "..."
 
 
 def _tpu_master():

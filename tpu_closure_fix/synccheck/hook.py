@@ -21,11 +21,11 @@ holds the same model (a difference at the first check is then a divergence).
 Counting: per optimizer and per thread, only the outermost step counts (an optimizer stepped inside another's, as
 ``ZeroRedundancyOptimizer``'s inner optimizer, is not counted); a step that raised (an LBFGS closure out
 of data) is not counted and does not stop the counting. Checks run at an optimizer's first step and then
-every N. Each optimizer is a *stream* named by its parameters' shapes and dtypes, so every rank names the
-same optimizer alike; before a check's collective the ranks agree that all of them reached that check of
-that stream (:mod:`.comm`): an optimizer stepped on some ranks only (a rank-0 probe model) never gets a
-collective, its stream stands down after the agreement's timeout with one warning, and the other streams
-go on. The training thread only fingerprints (:func:`.compare.prepare`, the result copied to the host in one
+every N. Each optimizer is a *stream* named by its parameters' shapes and dtypes and the user's calls that
+first stepped it, so every rank names the same optimizer alike; before a check's collective the ranks agree
+that all of them reached that check of that stream (:mod:`.comm`): an optimizer stepped on some ranks only (a
+rank-0 probe model) never gets a collective, its stream stands down with one warning (at the agreement's
+timeout, or sooner once its unreached checks fill its quota), and the other streams go on. The training thread only fingerprints (:func:`.compare.prepare`, the result copied to the host in one
 transfer) and goes on; the agreement, the exchange, the verdict and the report run on its rank's worker thread
 (:mod:`.worker`), over the process group's store or, on torch_xla without one, the check's own
 (:class:`.comm.HostChannel`); a divergence to raise is raised by the training thread at the optimizer step the
