@@ -80,15 +80,37 @@ def _model(torch, device):
     return model.to(device)
 
 
-def _step(torch, model, optimizer, x, y):
+def _step(torch, model, optimizer, x, y, share=None):
     optimizer.zero_grad()
     loss = ((model(x) - y) ** 2).mean()
     loss.backward()
+    if share is not None:
+        share(model)
     optimizer.step()
 
 
-def train(ordinal, scenario, steps, device, sync):
-    """One replica's loop; its optimizer steps are what the zero-code check counts."""
+_shared = {}
+_grads_barrier = threading.Barrier(2)
+
+
+def _share_grads(ordinal):
+    """A host-side stand-in for a data-parallel job's gradient all-reduce (CPU tensors, replica threads of the
+    test double): every replica steps with replica 0's gradients. Without it, replicas on the same data may
+    still differ in the last bit: two threads' float kernels need not round alike."""
+    def share(model):
+        if ordinal == 0:
+            _shared["grads"] = [p.grad.detach().clone() for p in model.parameters()]
+        _grads_barrier.wait(600)
+        if ordinal != 0:
+            for p, grad in zip(model.parameters(), _shared["grads"]):
+                p.grad.copy_(grad)
+        _grads_barrier.wait(600)
+    return share
+
+
+def train(ordinal, scenario, steps, device, sync, share=None):
+    """One replica's loop; its optimizer steps are what the zero-code check counts. ``share``: the stand-in
+    gradient all-reduce of the replicas that train on the same data (:func:`_share_grads`), or None."""
     import torch
 
     model = _model(torch, device)
@@ -101,7 +123,7 @@ def train(ordinal, scenario, steps, device, sync):
     done = 0
     for _ in range(steps):
         x, y = torch.randn(8, 4, generator=data), torch.randn(8, 1, generator=data)
-        _step(torch, model, optimizer, x.to(device), y.to(device))
+        _step(torch, model, optimizer, x.to(device), y.to(device), share if scenario != "different" else None)
         if probe is not None:
             _step(torch, probe[0], probe[1], x[:, :3].to(device), y.to(device))
         sync()
@@ -109,12 +131,12 @@ def train(ordinal, scenario, steps, device, sync):
     return done
 
 
-def replica(ordinal, args, xm, device_fn, sync, barrier):
+def replica(ordinal, args, xm, device_fn, sync, barrier, share=None):
     """The body of one replica thread: train, let the check's workers answer, and (ordinal 0) write."""
     _once_per_process(xm)
     result = {"steps": 0, "error": None}
     try:
-        result["steps"] = train(ordinal, args.scenario, args.steps, device_fn(), sync)
+        result["steps"] = train(ordinal, args.scenario, args.steps, device_fn(), sync, share)
     except Exception as exc:
         result["error"] = "%s: %s" % (type(exc).__name__, exc)
     with _lock:
@@ -162,7 +184,7 @@ def run_standin(args):
 
     def one(ordinal):
         xla_standin.enter_replica(ordinal)  # what xmp.spawn's thread does: this thread is replica ``ordinal``
-        replica(ordinal, args, xm, lambda: torch.device("cpu"), lambda: None, _barrier)
+        replica(ordinal, args, xm, lambda: torch.device("cpu"), lambda: None, _barrier, _share_grads(ordinal))
 
     threads = [threading.Thread(target=one, args=(o,), name="replica-%d" % o) for o in (0, 1)]
     for thread in threads:
