@@ -9,6 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the benchmark compares torch parameters: no torch here")
 
+from support import features  # noqa: E402  (after the skip: needs torch)
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PATH = os.path.join(REPO, "benchmarks", "synccheck_anchors.py")
 
@@ -139,6 +141,7 @@ def test_the_work_against_each_anchor_is_printed_and_counted(capsys):
 
 
 @pytest.mark.slow
+@features.needs_step_hooks()  # one of its methods is the zero-code check
 def test_the_smoke_run_measures_every_method_in_lines_of_at_most_120_columns():
     proc = subprocess.run([sys.executable, PATH, "--smoke"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, timeout=300, cwd=REPO)

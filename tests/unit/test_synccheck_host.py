@@ -71,7 +71,9 @@ def test_torchs_thread_local_process_groups_are_recognised(monkeypatch):
     """torch_xla installs torch's threaded process groups on TPU v2/v3 (each replica thread its own default
     group): the real ``ThreadLocalWorld`` is recognised; its twin, torch's own world, is not."""
     import torch.distributed.distributed_c10d as c10d
-    from torch.testing._internal.distributed import multi_threaded_pg
+
+    multi_threaded_pg = pytest.importorskip("torch.testing._internal.distributed.multi_threaded_pg",
+                                            reason="torch's threaded process groups came with torch 2.0")
 
     assert comm.thread_local_groups() is False
     monkeypatch.setattr(c10d, "_world", multi_threaded_pg.ThreadLocalWorld())
@@ -80,7 +82,9 @@ def test_torchs_thread_local_process_groups_are_recognised(monkeypatch):
 
 def test_under_thread_local_process_groups_each_replica_thread_is_its_ordinal(monkeypatch):
     import torch.distributed.distributed_c10d as c10d
-    from torch.testing._internal.distributed import multi_threaded_pg
+
+    multi_threaded_pg = pytest.importorskip("torch.testing._internal.distributed.multi_threaded_pg",
+                                            reason="torch's threaded process groups came with torch 2.0")
 
     _xla(monkeypatch, 2, ordinal=lambda: 1)
     monkeypatch.setattr(comm, "_process_group_initialized", lambda: True)

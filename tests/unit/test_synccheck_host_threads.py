@@ -17,9 +17,11 @@ import pytest
 
 pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
 
-from support import ports  # noqa: E402
+from support import features, ports  # noqa: E402
 from tpu_closure_fix.synccheck import comm  # noqa: E402
 from tpu_closure_fix.verify.child import run_child  # noqa: E402
+
+pytestmark = features.needs_step_hooks()  # every case is the zero-code check
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
