@@ -84,8 +84,9 @@ def bad_value_message(variable, raw, accepted, instead, next_step, complaint="is
     sentences = ("%s=%s %s; accepted: %s." % (variable, quote_value(raw), complaint, accepted), instead,
                  "Next step: %s." % next_step)
     lines = [BAD_VALUE_HEAD]
-    for sentence in sentences:
-        lines.extend(textfit.wrap(BAD_VALUE_INDENT + sentence))
+    for number, sentence in enumerate(sentences):
+        # the first sentence quotes the user's value: a backquote in it is no command
+        lines.extend(textfit.wrap(BAD_VALUE_INDENT + sentence, commands=number > 0))
     return "\n".join(lines)
 
 

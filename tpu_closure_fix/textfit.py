@@ -42,8 +42,9 @@ def _release(lines):
     return [line.replace(_HELD_SPACE, " ") for line in lines]
 
 
-def wrap(line, width=WIDTH):
-    """``line`` as lines of at most ``width`` columns: broken at spaces outside `backquoted` commands,
+def wrap(line, width=WIDTH, commands=True):
+    """``line`` as lines of at most ``width`` columns: broken at spaces outside `backquoted` commands
+    (``commands=False``: at any space -- a line quoting what a user typed, whose backquotes are no commands),
     continuation lines indented as the line is plus :data:`CONTINUATION`; a word or command longer than a
     line (a long path) is cut where it must be."""
     if len(line) <= width:
@@ -52,7 +53,8 @@ def wrap(line, width=WIDTH):
     follow = indent + CONTINUATION
     if len(follow) >= width // 2:  # a deeply indented line keeps room for its words
         follow = CONTINUATION
-    return _release(textwrap.wrap(_hold_commands(line.lstrip(" ")), width=width, initial_indent=indent,
+    held = _hold_commands(line.lstrip(" ")) if commands else line.lstrip(" ")
+    return _release(textwrap.wrap(held, width=width, initial_indent=indent,
                                   subsequent_indent=follow, break_long_words=True, break_on_hyphens=False,
                                   drop_whitespace=True)) or [line[:width]]
 

@@ -125,3 +125,16 @@ def test_status_names_a_bad_sync_check_value_on_one_line(monkeypatch):
     assert synchook.armed_every() == 0  # not armed in this process: the line reads the variable
     assert report._sync_check_line() == ("zero-code sync check: off (TPU_CLOSURE_FIX_SYNC_CHECK='often' is not an "
                                          "accepted value)")
+
+
+@pytest.mark.parametrize("variable", sorted(VARIABLES))
+def test_a_backquote_in_the_bad_value_never_glues_the_accepted_values_into_one_cut_word(variable):
+    """A value holding a backquote (found by the property test: ``'\\x1f\\x08`'``) is the user's text, not a
+    command: the accepted values still wrap at spaces, never cut mid-word."""
+    parse, _, _, _ = VARIABLES[variable]
+    _, problem = parse("\x1f\x08`")
+    _, plain = parse("bogus")
+    first_plain = " ".join(plain.split("\n")[1:3])
+    accepted = first_plain.split("accepted: ", 1)[1].split(".")[0].split()
+    assert all(word in problem.split() or word.strip("()") in problem for word in accepted), problem
+    assert_bad_value_lines(problem)
