@@ -1,6 +1,5 @@
 """benchmarks/synccheck_anchors.py: the anchors it times find what they exist to find (each says "different"
 when one replica's parameter differs), its goals are read as stated, and its smoke run works."""
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,18 +10,11 @@ torch = pytest.importorskip("torch", reason="the benchmark compares torch parame
 
 from support import features  # noqa: E402  (after the skip: needs torch)
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PATH = os.path.join(REPO, "benchmarks", "synccheck_anchors.py")
+from support import benchmark_module  # noqa: E402
 
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("synccheck_anchors", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
+REPO = benchmark_module.REPO
+PATH = benchmark_module.path("synccheck_anchors")
+bench = benchmark_module.load("synccheck_anchors")
 
 
 class TwoRanks(object):

@@ -1,24 +1,16 @@
 """benchmarks/synccheck_probe_wall.py: its ratio and goal are read as stated, its arms are checked for what they
 stand for, and its smoke run prints both arms and the ratio (no timing is asserted)."""
-import importlib.util
 import os
 import subprocess
 import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PATH = os.path.join(REPO, "benchmarks", "synccheck_probe_wall.py")
+from support import benchmark_module  # noqa: E402
 
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("synccheck_probe_wall", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _bench()
+REPO = benchmark_module.REPO
+PATH = benchmark_module.path("synccheck_probe_wall")
+bench = benchmark_module.load("synccheck_probe_wall")
 
 
 def _runs(armed, off):
