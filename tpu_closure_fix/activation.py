@@ -47,7 +47,9 @@ def arm_sync_check():
 
 class _StderrHandler(logging.StreamHandler):
     """A StreamHandler writing to ``sys.stderr`` as it is at each message (as ``logging.lastResort`` does):
-    a program or test runner that replaces ``sys.stderr`` later still gets the messages."""
+    a program or test runner that replaces ``sys.stderr`` later still gets the messages. Where the program
+    configured logging (the root logger has handlers, which the package's records reach), those handlers say
+    the record and this one stays silent: a record is never shown twice."""
 
     def __init__(self):
         logging.Handler.__init__(self)
@@ -55,6 +57,20 @@ class _StderrHandler(logging.StreamHandler):
     @property
     def stream(self):
         return sys.stderr
+
+    def emit(self, record):
+        if _reaches_root_handlers(logging.getLogger("tpu_closure_fix")):
+            return
+        logging.StreamHandler.emit(self, record)
+
+
+def _reaches_root_handlers(logger):
+    """Whether records of ``logger`` propagate up to the root logger and the root has handlers."""
+    while logger is not None and logger is not logging.root:
+        if not logger.propagate:
+            return False
+        logger = logger.parent
+    return bool(logging.root.handlers)
 
 
 def configure_logging(environ=None, logger=None):

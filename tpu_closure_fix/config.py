@@ -154,6 +154,16 @@ def user_stacklevel():
     return level if frame is not None else 1
 
 
+def user_location():
+    """``(filename, lineno)`` of the first frame outside :func:`_machinery` (the user's ``import`` line), for a
+    report that is not a warning (the sync check's settings); where every frame is machinery, the caller's."""
+    first = frame = sys._getframe(1)
+    while frame is not None and _machinery(frame.f_code.co_filename):
+        frame = frame.f_back
+    frame = frame or first
+    return frame.f_code.co_filename, frame.f_lineno
+
+
 def _word(raw):
     """``raw`` without ASCII whitespace around it, in lower case; None for a non-ASCII value (never a word)."""
     value = raw.strip(ASCII_WHITESPACE)

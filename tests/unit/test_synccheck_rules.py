@@ -16,9 +16,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
 
-from tpu_closure_fix.config import TPUClosureFixWarning  # noqa: E402
-from tpu_closure_fix.synccheck import comm, compare, fingerprint, groups, report  # noqa: E402
+from tpu_closure_fix.synccheck import comm, compare, decisions, fingerprint, groups, report  # noqa: E402
 
+from support.said import fresh, said  # noqa: E402
 from support.thread_ranks import ThreadChannel, ThreadWorld, fit, run_threads  # noqa: E402
 
 #: The zero-code hook is torch's global optimizer step hook, which torch 2.0 introduced.
@@ -275,19 +275,18 @@ def _differ():
 
 @pytest.mark.parametrize("rank,warned", [(0, 1), (1, 0), (3, 0)])
 def test_only_rank_0_warns_about_a_divergence(rank, warned):
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with said() as heard:
         report.act(_differ(), "warn", rank=rank)
-    assert len([w for w in seen if issubclass(w.category, TPUClosureFixWarning)]) == warned
+    assert len(heard.spoken) == warned
+    assert len([m for m in heard.quiet if "hold different parameters" in m]) == 1 - warned  # logged, not said
 
 
 @pytest.mark.parametrize("rank,warned", [(0, 1), (1, 0)])
 def test_only_rank_0_says_the_replicas_agree_on_nonfinite_values(rank, warned):
     agreed = report.SyncReport(5, 4, "threads", ["w"], outcome="nonfinite", nonfinite=[0])
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with said() as heard:
         report.act(agreed, "raise", rank=rank)  # never raised: the replicas agree
-    assert len([w for w in seen if issubclass(w.category, TPUClosureFixWarning)]) == warned
+    assert len(heard.spoken) == warned
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -484,31 +483,29 @@ def test_a_callback_whose_peer_is_gone_stands_down_once(monkeypatch):
     from tpu_closure_fix.synccheck import callback
 
     cb, checks = _callback(monkeypatch, every=1)
-    monkeypatch.setattr(report, "_warned_once", set())  # said once per process: a run before this one may have
+    fresh()  # said once per process: a run before this one may have
 
     def gone(obj, step, stream, tolerance=None, channel=None):
         checks.append(step)
         raise comm.StoodDown("the check's all-reduce did not complete", broken=True)
 
     monkeypatch.setattr(callback, "run", gone)
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with said() as heard:
         fit(cb, 3)
     assert checks == [0] and [r.outcome for r in cb.reports] == ["unverified"]
-    assert len([w for w in seen if "did not complete" in str(w.message)]) == 1
+    assert len([m for m in heard.spoken if "did not complete" in m]) == 1
 
 
 def test_a_silent_rank_saying_a_reason_first_never_silences_the_rank_that_speaks(monkeypatch):
     """Replicas that are threads of one process share the set of reasons said: rank 1 (which only logs) may
     reach it first; rank 0 must still warn."""
-    said = []
-    monkeypatch.setattr(report, "_warned_once", set())
-    monkeypatch.setattr(report, "_say", lambda message, speak, stacklevel=3: said.append(speak))
+    fresh()
     unverified = report.SyncReport(0, 2, "threads", [], outcome="unverified", reason="peer gone")
-    report.act(unverified, "warn", rank=1)
-    report.act(unverified, "warn", rank=0)
-    report.act(unverified, "warn", rank=0)  # once per reason for the speaker
-    assert said == [False, True]
+    with said() as heard:
+        report.act(unverified, "warn", rank=1)
+        report.act(unverified, "warn", rank=0)
+        report.act(unverified, "warn", rank=0)  # once per reason for the speaker
+    assert [r.levelno for r in heard.records if "peer gone" in heard.text(r)] == [10, 30]
 
 
 # --------------------------------------------------------------------------- the agreement (a real TCPStore)
@@ -562,35 +559,91 @@ def test_forgotten_keys_leave_the_store():
     assert store.add(arrived, 0) == 0  # gone (adding 0 makes it anew at 0)
 
 
-# --------------------------------------------------------------------------- no declared layout: the first check
-def _streams(size, replicas):
-    return [compare.Stream("s", replicas) for _ in range(size)]
+# --------------------------------------------------------------------------- no declared layout: each tensor's first look
+def _streams(size, replicas, first_look=True):
+    """The zero-code check's streams (``first_look``: tensors no layout places are decided at their first look)."""
+    return [compare.Stream("s", replicas, first_look=first_look) for _ in range(size)]
+
+
+def _held(build, size=2):
+    """Each rank's tensors, built once: the first-check rule's decisions belong to the tensors themselves."""
+    tensors = [build(rank) for rank in range(size)]
+    return lambda rank: tensors[rank]
 
 
 def test_auto_a_difference_at_the_first_check_is_said_once_never_a_divergence():
-    streams = _streams(2, groups.AUTO)
-    first, _ = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[0, 0])
+    streams, tensors = _streams(2, groups.AUTO), _held(lambda r: model(seed=r))
+    first, _ = on_ranks(2, tensors, streams=streams, steps=[0, 0])
     assert first[0].outcome == "unverified" and not first[0].diverged and first[0].rule == groups.RULE_APART
-    assert "3 parameter tensors differ before the first update: replicas that started different, or tensors " \
-           "that are not replicas by design (pipeline stages, optimizer-state or parameter shards)" in first[0].reason
+    assert first[0].reason.startswith(
+        "3 parameter tensors differ before the first update ('layer0.weight', 'layer1.weight', 'layer2.weight'): "
+        "replicas that started different, or tensors that are not replicas by design")
     assert [name for name, _ in first[0].not_compared] == ["layer0.weight", "layer1.weight", "layer2.weight"]
-    assert compare.nothing_left(first[0]) and all(s.rule == groups.RULE_APART for s in streams)
+    assert first[0].set_aside == ["layer0.weight", "layer1.weight", "layer2.weight"] and not first[0].in_sync
+    assert compare.nothing_left(first[0])
     report.act(first[0], "raise", rank=0)  # never raised
-    later, channels = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[1, 1])
-    assert later[0].outcome == "unverified" and later[0].names == [] and channels[0].gathers == 0
+    later, _ = on_ranks(2, tensors, streams=streams, steps=[1, 1])
+    assert later[0].outcome == "unverified" and not later[0].diverged and later[0].set_aside == []
+    assert later[0].note is None  # said once, at the check that set them aside
 
 
-def test_auto_one_tensor_apart_is_said_in_the_singular():
+def test_auto_one_tensor_apart_is_named_and_every_other_tensor_stays_compared():
+    """A rank-local scale differs at the start: it alone is set aside; a later change of another tensor on one
+    rank is a divergence (the stream's other tensors were never taken out with it)."""
+    tensors = _held(lambda r: [("scale", torch.full((1,), float(r))), ("fc1.weight", torch.ones(3)),
+                               ("fc2.weight", torch.zeros(2))])
+    streams = _streams(2, groups.AUTO)
+    first, _ = on_ranks(2, tensors, streams=streams, steps=[0, 0])
+    assert first[0].outcome == "identical" and first[0].set_aside == ["scale"] and not first[0].in_sync
+    assert first[0].note.startswith("1 parameter tensor differs before the first update ('scale'): replicas that")
+    assert first[0].not_compared == [("scale", groups.APART)] and first[0].compared_count == 2
+    tensors(1)[2][1].add_(1.0)  # rank 1 alone changes fc2.weight
+    later, _ = on_ranks(2, tensors, streams=streams, steps=[30, 30])
+    assert later[0].outcome == "differ" and [later[0].names[k] for k in later[0].differing] == ["fc2.weight"]
+    with pytest.raises(report.ReplicaDivergenceError):
+        report.act(later[0], "raise", rank=0)
+
+
+def test_twin_without_the_rank_local_scale_the_same_change_is_a_divergence_and_nothing_is_set_aside():
+    tensors = _held(lambda r: [("fc1.weight", torch.ones(3)), ("fc2.weight", torch.zeros(2))])
+    streams = _streams(2, groups.AUTO)
+    first, _ = on_ranks(2, tensors, streams=streams, steps=[0, 0])
+    assert first[0].outcome == "identical" and first[0].set_aside == [] and first[0].in_sync
+    tensors(1)[1][1].add_(1.0)
+    later, _ = on_ranks(2, tensors, streams=streams, steps=[30, 30])
+    assert later[0].outcome == "differ" and [later[0].names[k] for k in later[0].differing] == ["fc2.weight"]
+
+
+def test_auto_one_of_3000_tensors_apart_at_the_start_is_named_and_counted_exactly():
     def build(rank):
-        return [("w", torch.full((2,), float(rank))), ("b", torch.zeros(2))]
+        return [("p.%d" % i, torch.full((2,), float(rank if i == 2500 else 0))) for i in range(3000)]
 
-    first, _ = on_ranks(2, build, streams=_streams(2, groups.AUTO), steps=[0, 0])
-    assert first[0].reason.startswith("1 parameter tensor differs before the first update: replicas that started")
+    first, _ = on_ranks(2, _held(build), streams=_streams(2, groups.AUTO), steps=[0, 0])
+    assert first[0].set_aside == ["p.2500"] and first[0].outcome == "identical"
+    assert first[0].note.startswith("1 parameter tensor differs before the first update ('p.2500'):")
+    assert first[0].compared_count == 2999
+
+
+def test_a_new_optimizer_over_the_same_parameters_inherits_what_its_tensors_were_seen_as():
+    """An optimizer built afresh (a new stream) over tensors once seen equal: a difference at its first check is
+    a divergence, never a second first-check note."""
+    tensors = _held(lambda r: model())
+    first, _ = on_ranks(2, tensors, streams=_streams(2, groups.AUTO), steps=[0, 0])
+    assert first[0].outcome == "identical" and first[0].rule == groups.RULE_WORLD
+    tensors(1)[0][1].add_(1.0)
+    fresh_streams = _streams(2, groups.AUTO)
+    again, _ = on_ranks(2, tensors, streams=fresh_streams, steps=[45, 45])
+    assert again[0].outcome == "differ" and again[0].first_check and again[0].differing == [0]
+
+
+def test_twin_a_new_optimizer_over_new_tensors_looks_at_them_first():
+    first, _ = on_ranks(2, _held(lambda r: model(seed=r)), streams=_streams(2, groups.AUTO), steps=[45, 45])
+    assert first[0].outcome == "unverified" and first[0].rule == groups.RULE_APART
 
 
 def test_auto_at_a_first_check_after_updates_says_so():
-    first, _ = on_ranks(2, lambda r: model(seed=r), streams=_streams(2, groups.AUTO), steps=[3, 3])
-    assert "differ at the first check (step 3): replicas that started different" in first[0].reason
+    first, _ = on_ranks(2, _held(lambda r: model(seed=r)), streams=_streams(2, groups.AUTO), steps=[3, 3])
+    assert "differ at the first check (step 3) ('layer0.weight'" in first[0].reason
 
 
 def test_twin_declared_world_a_difference_at_the_first_check_started_different():
@@ -601,11 +654,25 @@ def test_twin_declared_world_a_difference_at_the_first_check_started_different()
         report.act(first[0], "raise", rank=0)
 
 
+def test_an_explicit_call_is_a_declaration_a_difference_at_its_first_check_is_a_divergence():
+    """``compare_replicas`` / ``check_sync`` / the callback: the user chose what to compare (no first-check rule)."""
+    first, _ = on_ranks(2, lambda r: model(seed=r), streams=_streams(2, groups.AUTO, first_look=False), steps=[1, 1])
+    assert first[0].outcome == "differ" and first[0].differing == [0, 1, 2] and not first[0].in_sync
+    assert first[0].set_aside == [] and first[0].note is None
+
+
+def test_twin_an_explicit_call_on_equal_replicas_is_in_sync():
+    first, _ = on_ranks(2, lambda r: model(), streams=_streams(2, groups.AUTO, first_look=False), steps=[1, 1])
+    assert first[0].outcome == "identical" and first[0].in_sync
+
+
 def test_auto_equal_at_the_first_check_is_compared_over_the_world_from_then_on():
-    streams = _streams(2, groups.AUTO)
-    first, _ = on_ranks(2, lambda r: model(), streams=streams, steps=[0, 0])
+    streams, tensors = _streams(2, groups.AUTO), _held(lambda r: model())
+    first, _ = on_ranks(2, tensors, streams=streams, steps=[0, 0])
     assert first[0].outcome == "identical" and first[0].rule == groups.RULE_WORLD
-    later, _ = on_ranks(2, lambda r: model(seed=r), streams=streams, steps=[1, 1])
+    for _, tensor in tensors(1):
+        tensor.add_(1.0)
+    later, _ = on_ranks(2, tensors, streams=streams, steps=[1, 1])
     assert later[0].outcome == "differ" and later[0].differing == [0, 1, 2] and later[0].rule is None
 
 
@@ -619,6 +686,21 @@ def test_auto_only_the_undeclared_tensors_leave_a_declared_divergence_is_one():
     reports, _ = on_ranks(2, build, streams=_streams(2, groups.AUTO), steps=[0, 0])
     assert reports[0].outcome == "unverified"
     assert reports[0].not_compared == [("flat", groups.FLAT_SHARD), ("w", groups.APART)]
+
+
+@pytest.mark.parametrize("outcome, not_compared, in_sync", [
+    ("identical", [], True), ("nonfinite", [], True), ("identical", [("w", groups.SPARSE)], True),
+    ("identical", [("w", groups.APART)], False), ("differ", [], False), ("unverified", [], False),
+    ("structure", [], False), ("out_of_step", [], False)])
+def test_in_sync_is_true_only_when_every_compared_tensor_matched_and_nothing_was_set_aside(
+        outcome, not_compared, in_sync):
+    said = report.SyncReport(1, 2, "threads", ["w", "v"], outcome=outcome, not_compared=not_compared,
+                             differing=[1] if outcome == "differ" else ())
+    assert said.in_sync is in_sync and said.as_dict()["in_sync"] is in_sync
+
+
+def test_in_sync_is_false_when_nothing_was_compared():
+    assert not report.SyncReport(1, 2, "threads", [], outcome="identical").in_sync
 
 
 # --------------------------------------------------------------------------- declared groups
@@ -728,10 +810,9 @@ def test_3000_steps_from_each_of_two_threads_are_all_counted():
     assert counts == [3000, 3000]
 
 
-@pytest.mark.parametrize("names, rule, left", [(["w"], groups.RULE_APART, False), (["w", "d"], groups.RULE_APART, True),
-                                               (["w"], None, True), (["w"], groups.RULE_WORLD, True)])
-def test_a_stream_stops_only_when_the_first_check_rule_took_every_tensor_out(names, rule, left):
-    said = report.SyncReport(0, 2, "threads", names, outcome="unverified", reason="r", rule=rule,
+@pytest.mark.parametrize("names, left", [(["w"], False), (["w", "d"], True), ([], True)])
+def test_a_stream_stops_only_when_the_first_check_rule_set_every_tensor_aside(names, left):
+    said = report.SyncReport(0, 2, "threads", names, outcome="unverified", reason="r",
                              not_compared=[("w", groups.APART)])
     assert compare.nothing_left(said) is (not left)
 
@@ -740,8 +821,16 @@ def test_a_stream_stops_only_when_the_first_check_rule_took_every_tensor_out(nam
 def test_on_xla_without_a_process_group_the_replicas_of_the_step_are_the_layout(kind, undecided, monkeypatch):
     monkeypatch.setattr(groups, "ddp_groups", lambda named: {})
     channel = types.SimpleNamespace(kind=kind, rank=0, size=2)
-    layout = compare.Stream("s", groups.AUTO).layout([("w", torch.zeros(2))], channel)
+    layout = compare.Stream("s", groups.AUTO, first_look=True).layout([("w", torch.zeros(2))], channel)
     assert layout.undecided == undecided
+
+
+@pytest.mark.parametrize("kind", ["xla host", "threads", "torch.distributed"])
+def test_twin_an_explicit_call_leaves_nothing_undecided(kind, monkeypatch):
+    monkeypatch.setattr(groups, "ddp_groups", lambda named: {})
+    channel = types.SimpleNamespace(kind=kind, rank=0, size=2)
+    layout = compare.Stream("s", groups.AUTO).layout([("w", torch.zeros(2))], channel)
+    assert layout.undecided == frozenset()
 
 
 @pytest.mark.parametrize("xla_size, undecided", [(2, set()), (4, {0}), (1, {0})])
@@ -750,7 +839,7 @@ def test_torch_xla_beside_a_process_group_its_replicas_are_the_layout_when_they_
     monkeypatch.setattr(groups, "ddp_groups", lambda named: {})
     monkeypatch.setattr(comm, "xla_world_size", lambda: xla_size)
     channel = types.SimpleNamespace(kind="torch.distributed", rank=0, size=2)
-    layout = compare.Stream("s", groups.AUTO).layout([("w", torch.zeros(2))], channel)
+    layout = compare.Stream("s", groups.AUTO, first_look=True).layout([("w", torch.zeros(2))], channel)
     assert layout.undecided == undecided
 
 
@@ -764,7 +853,8 @@ def test_a_bad_declaration_is_refused_by_the_api_with_the_accepted_values(call):
 def test_the_api_hands_its_declaration_to_the_stream():
     tensors = torch.nn.Linear(2, 2)
     assert compare._stream_of(tensors, [[0, 1]]).replicas == [[0, 1]]
-    assert compare._stream_of(tensors).replicas == groups.AUTO  # the default: from evidence, never assumed
+    stream = compare._stream_of(tensors)
+    assert stream.replicas == groups.AUTO and not stream.first_look  # the call itself declares
 
 
 @pytest.mark.parametrize("function", [compare.compare_replicas, compare.check_sync])
@@ -774,19 +864,22 @@ def test_the_api_decides_from_evidence_by_default(function):
     assert inspect.signature(function).parameters["replicas"].default == groups.AUTO
 
 
-# --------------------------------------------------------------------------- a check exchanged after its stream's first verdict
-def _prepared_then_exchanged(rule):
-    """Two thread-ranks whose models differ (no layout declared) prepare a check before their stream's first
-    verdict is known, as the zero-code hook's training thread does; the stream's first-check rule is then
-    ``rule`` (None: still undecided) when the worker exchanges it. The reports, by rank."""
+# --------------------------------------------------------------------------- a check exchanged after a first look
+def _prepared_then_exchanged(decision):
+    """Two thread-ranks whose tensors differ (no layout declared) prepare a check, as the zero-code hook's
+    training thread does; an earlier check's first look then decides ``decision`` for those tensors (None:
+    nothing yet) before the worker exchanges this one. The reports, by rank."""
     world = ThreadWorld(2)
     out, errors = [None, None], []
 
     def rank_main(rank):
         try:
-            stream = compare.Stream("settle", replicas=groups.AUTO)
-            pending = compare.prepare(model(seed=rank), 1, stream, channel=ThreadChannel(world, rank))
-            stream.rule = rule  # the first check's verdict, recorded meanwhile by the worker
+            tensors = model(seed=rank)
+            stream = compare.Stream("settle", replicas=groups.AUTO, first_look=True)
+            pending = compare.prepare(tensors, 1, stream, channel=ThreadChannel(world, rank))
+            if decision is not None:
+                for _, tensor in tensors:  # the earlier check's verdict, recorded meanwhile by the worker
+                    decisions.record(tensor, decision)
             out[rank] = compare.exchange(pending)
         except Exception as exc:  # reported below, with the rank
             errors.append((rank, exc))
@@ -797,13 +890,35 @@ def _prepared_then_exchanged(rule):
     return out
 
 
-def test_a_check_prepared_before_the_first_verdict_is_a_divergence_once_that_verdict_said_world():
-    """The first check found the tensors equal over the world: a later difference is a divergence (the closure
+def test_a_check_prepared_before_a_first_look_is_a_divergence_once_that_look_said_replica():
+    """The first look found the tensors equal over the world: a later difference is a divergence (the closure
     bug's signature: equal before the first update, different after it), never a second first-check note."""
-    assert [r.outcome for r in _prepared_then_exchanged(groups.RULE_WORLD)] == ["differ", "differ"]
+    assert [r.outcome for r in _prepared_then_exchanged(decisions.REPLICA)] == ["differ", "differ"]
 
 
-@pytest.mark.parametrize("rule", [None, groups.RULE_APART])
-def test_twin_undecided_or_apart_a_difference_is_never_a_divergence(rule):
-    reports = _prepared_then_exchanged(rule)
+@pytest.mark.parametrize("decision", [None, decisions.APART])
+def test_twin_undecided_or_apart_a_difference_is_never_a_divergence(decision):
+    reports = _prepared_then_exchanged(decision)
     assert [r.outcome for r in reports] == ["unverified", "unverified"] and not any(r.diverged for r in reports)
+    assert [bool(r.set_aside) for r in reports] == [decision is None] * 2  # set aside once, at its first look
+
+
+def test_a_decision_belongs_to_the_tensor_and_the_first_one_stands():
+    tensor, other = torch.zeros(2), torch.zeros(2)
+    assert decisions.of(tensor) is None
+    decisions.record(tensor, decisions.REPLICA)
+    decisions.record(tensor, decisions.APART)
+    assert decisions.of(tensor) == decisions.REPLICA and decisions.of(other) is None
+    with pytest.raises(ValueError, match="decision must be"):
+        decisions.record(other, "maybe")
+
+
+def test_a_decision_dies_with_its_tensor():
+    import gc
+
+    tensor = torch.zeros(2)
+    decisions.record(tensor, decisions.APART)
+    key = id(tensor)
+    del tensor
+    gc.collect()
+    assert key not in decisions._decided

@@ -7,7 +7,7 @@ trainer's loggers (``sync_check/diverged``, ``sync_check/differing_tensors``, ``
 An instance used for a second ``fit`` starts afresh.
 """
 from . import comm, groups
-from .compare import DEFAULT_EVERY, DEFAULT_TOLERANCE, Stream, check_options, nothing_left, run
+from .compare import DEFAULT_EVERY, DEFAULT_TOLERANCE, Stream, check_options, run
 from .report import SyncReport, act
 
 _classes = {}
@@ -25,12 +25,12 @@ class SyncCheck(object):
     optimizer step and then every ``every`` steps.
 
     ``SyncCheck(every=100, tolerance=1e-6, on_divergence="warn", check_at_end=True)``; ``on_divergence``
-    is ``"warn"`` (rank 0 issues a TPUClosureFixWarning), ``"raise"`` (every rank raises
+    is ``"warn"`` (rank 0 says it on the ``tpu_closure_fix.synccheck`` logger), ``"raise"`` (every rank raises
     ReplicaDivergenceError at the same check) or a callable receiving the SyncReport of a divergence;
-    ``tolerance`` is recorded and decides nothing; ``replicas``: over which ranks the parameters that no layout
-    places are compared (``"auto"``, the default: ``"world"`` when the trainer's strategy is data parallel over
-    every process -- DDP, XLA --, else decided at the first check; ``"world"``; a process group or a list of
-    rank lists: see ``compare_replicas``). Reports name the LightningModule's class (``report.stream``).
+    ``tolerance`` is recorded and decides nothing; ``replicas``: over which ranks the parameters are compared
+    (``"auto"``, the default: as the job's layout places them, every parameter no layout places over the whole
+    world -- adding the callback declares them replicas; ``"world"``; a process group or a list of rank
+    lists: see ``compare_replicas``). Reports name the LightningModule's class (``report.stream``).
     ``reports`` keeps every check's SyncReport of the current ``fit``, ``last_report`` the latest. Instances
     are instances of the installed Lightning's ``Callback`` (a subclass is made on first use for whichever of
     pytorch_lightning / lightning.pytorch is imported).
@@ -82,7 +82,6 @@ class SyncCheck(object):
         channel = comm.channel()
         if channel is None or self._stream.stood_down:
             return
-        self._stream.replicas = self._declaration(trainer, channel)
         try:
             report = run(pl_module, step, self._stream, tolerance=self.tolerance, channel=channel)
         except comm.StoodDown as exc:
@@ -90,21 +89,9 @@ class SyncCheck(object):
             report = SyncReport(step, channel.size, channel.kind, [], tolerance=self.tolerance,
                                 outcome="unverified", reason=str(exc))
         report.stream = report.stream or _label(pl_module)
-        if nothing_left(report):
-            self._stream.stood_down = report.reason  # nothing left that a later check could compare
         self.reports.append(report)
         _log_metrics(trainer, report, step)
-        act(report, self.on_divergence, rank=channel.rank, stacklevel=4)
-
-    def _declaration(self, trainer, channel):
-        """The user's ``replicas``; under ``"auto"``, ``"world"`` when the trainer's strategy is data parallel
-        over the check's whole world (DDP, XLA: read from the strategy object), else ``"auto"``."""
-        if self.replicas != groups.AUTO:
-            return self.replicas
-        strategy = _strategy(trainer)
-        if strategy is None:
-            return groups.AUTO
-        return groups.strategy_declaration(strategy, channel.size) or groups.AUTO
+        act(report, self.on_divergence, rank=channel.rank, stream=self._stream)
 
     def on_train_batch_end(self, trainer, pl_module, *args, **kwargs):
         step = int(trainer.global_step)
@@ -126,14 +113,6 @@ class SyncCheck(object):
     def __repr__(self):
         return "SyncCheck(every=%d, tolerance=%g, on_divergence=%r)" % (self.every, self.tolerance,
                                                                           self.on_divergence)
-
-
-def _strategy(trainer):
-    """The trainer's strategy object (Lightning 1.6+), or its training type plugin (1.5), or None."""
-    strategy = getattr(trainer, "strategy", None)
-    if strategy is None:
-        strategy = getattr(trainer, "training_type_plugin", None)
-    return strategy
 
 
 def _label(pl_module):

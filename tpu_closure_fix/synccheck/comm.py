@@ -125,15 +125,13 @@ _said_ports = set()
 
 def store_port(environ=None):
     """The port of the check's own store from the environment; a bad value is said once per process."""
-    import warnings
-
-    from ..config import TPUClosureFixWarning
+    from .report import say
 
     environ = os.environ if environ is None else environ
     port, problem = parse_port(environ.get(PORT_VAR), environ.get("MASTER_PORT"))
     if problem and problem not in _said_ports:
         _said_ports.add(problem)
-        warnings.warn(problem, TPUClosureFixWarning, stacklevel=2)
+        say(problem)
     return port
 
 

@@ -8,7 +8,7 @@ agree that all of them reached this check (:mod:`.comm`).
 """
 import weakref
 
-from . import comm, fingerprint, groups
+from . import comm, decisions, fingerprint, groups
 from .report import SyncReport, act
 
 DEFAULT_EVERY = 100
@@ -25,45 +25,50 @@ class Stream(object):
     """One sequence of checks and what it has seen: an optimizer's (the zero-code hook), a callback's, or a
     model's given to ``check_sync`` / ``compare_replicas``. ``key`` names it to the other ranks, ``label``
     to the user (the hook: the optimizer's class and its parameters' module paths); ``replicas``: the
-    user's declaration of the replica groups (:data:`groups.ACCEPTED`); ``rule``: the first-check rule
-    of the tensors no layout places, once decided (``groups.RULE_WORLD`` / ``groups.RULE_APART``)."""
+    user's declaration of the replica groups (:data:`groups.ACCEPTED`); ``first_look``: the tensors no layout
+    places are decided per tensor at their first look (:mod:`.decisions`: the zero-code check, which arms on
+    jobs that declared nothing); False: the caller's ``"auto"`` compares them over the world (the explicit
+    calls are the user's declaration)."""
 
-    def __init__(self, key, replicas=groups.WORLD, label=None):
+    def __init__(self, key, replicas=groups.WORLD, label=None, first_look=False):
         self.key = key
         self.label = label
         self.replicas = replicas
-        self.rule = None
+        self.first_look = first_look
         self.checks = 0
         self.issued = 0  # checks fingerprinted so far (some may still be exchanging)
         self.identical_at = None
         self.different_since = None
         self.stood_down = None
-        #: the report that left nothing to compare under the first-check rule (``compare_replicas``), or None
-        self.apart = None
+        #: the ranks agreed once whether any of them raises on this stream's divergence (each rank's action is
+        #: read once, so one raise-step all-reduce per stream answers it for every later divergence)
+        self.raise_settled = False
+        #: what the stream's latest full divergence report said, for :func:`.report.repeat_of`
+        self.said = None
         self._ddp = None  # (ids of the listed tensors, their DDP groups): one search of the live objects
 
     def layout(self, named, channel):
         """The :class:`groups.Layout` of ``named`` for a check over ``channel``, from every piece of
-        evidence: the tensors' own layouts, the DDP modules holding them, the declaration, the rule."""
+        evidence: the tensors' own layouts, the DDP modules holding them, the declaration."""
         declared = groups.declaration(self.replicas, channel.rank)
         if declared == groups.AUTO:  # xm.optimizer_step's replicas: the data-parallel layout, when on XLA
             declared = groups.step_replicas_declaration(declared, channel.kind, channel.size,
                                                         comm.xla_world_size())
+        if declared == groups.AUTO and not self.first_look:
+            declared = groups.WORLD  # an explicit call: the user chose to compare these tensors
         ddp = {}
         if channel.kind == "torch.distributed":
             ids = tuple(id(t) for _, t in named)
             if self._ddp is None or self._ddp[0] != ids:
                 self._ddp = (ids, groups.ddp_groups(named))
             ddp = self._ddp[1]
-        return groups.Layout(named, channel.rank, declared=declared, rule=self.rule, ddp=ddp, world=channel.size)
+        return groups.Layout(named, channel.rank, declared=declared, ddp=ddp, world=channel.size)
 
     def record(self, report):
         """Read ``report`` against this history (first check, last identical step, different since), then
         add it to the history."""
         report.first_check = self.checks == 0
         report.identical_at = self.identical_at
-        if self.rule is None and report.rule is not None:
-            self.rule = report.rule
         self.checks += 1
         if report.outcome == "identical":
             self.identical_at, self.different_since = report.step, None
@@ -171,21 +176,12 @@ def exchange(pending, tolerance=DEFAULT_TOLERANCE):
     import torch
 
     channel = pending.channel
-    _settle(pending.layout, pending.stream.rule)
     with torch.no_grad():
         reduced = channel.all_reduce_max(pending.vector)
         report = decide(fingerprint.decode(reduced), pending.layout, pending.error, channel, pending.step, tolerance)
     if pending.stream.checks >= 0:
         pending.stream.record(report)
     return report
-
-
-def _settle(layout, rule):
-    """A check fingerprinted before its stream's first verdict was known (the worker exchanges checks after the
-    training thread went on) is read by that verdict: tensors the first check found equal over the world are
-    compared there, so a later difference is a divergence, never a second first-check note."""
-    if layout is not None and rule == groups.RULE_WORLD:
-        layout.undecided = frozenset()
 
 
 def run(obj, step, stream, barrier=None, tolerance=DEFAULT_TOLERANCE, channel=None):
@@ -220,80 +216,141 @@ _previous = {}  # (rank, stream key) -> the barrier of its last check (its store
 
 
 def decide(decoded, layout, error, channel, step, tolerance):
-    """The verdict of a MAX-reduced vector, read top to bottom; every rank reads the same vector, so every
-    rank reaches the same verdict and enters the same further collective, if any."""
+    """The verdict of a MAX-reduced vector, read top to bottom; every rank reads the same vector (and the same
+    gathered hashes, and holds the same first-look decisions), so every rank reaches the same verdict and
+    enters the same further collective, if any."""
     names = layout.names if layout is not None else []
     not_compared = layout.not_compared if layout is not None else []
-    undecided = layout.undecided if layout is not None else frozenset()
+    looks = _FirstLooks(layout)
 
     def report(outcome, **fields):
-        fields.setdefault("not_compared", not_compared)
+        fields.setdefault("not_compared", not_compared + looks.not_compared())
+        fields.setdefault("rule", looks.rule())
+        fields.setdefault("set_aside", looks.set_aside_names())
+        fields.setdefault("note", looks.note(step))
         return SyncReport(step, channel.size, channel.kind, names, tolerance=tolerance, outcome=outcome, **fields)
 
     high, low = decoded["format"]
     # 1. Another format of the vector: nothing else in it can be read.
     if high != low:
-        return report("unverified", reason="the replicas run different SyncCheck formats")
+        return report("unverified", reason="the replicas run different SyncCheck formats", rule=None, set_aside=(),
+                      note=None, not_compared=not_compared)
     # 2. A replica could not list or fingerprint its tensors.
     if decoded["failed"][0] > 0:
         reason = ("%s: %s" % (type(error).__name__, error) if isinstance(error, Exception) and not
                   isinstance(error, Unlisted) else str(error) if error is not None
                   else "another replica could not list or fingerprint its parameters")
-        return report("unverified", reason=reason, local_error=error is not None)
+        return report("unverified", reason=reason, local_error=error is not None, rule=None, set_aside=(),
+                      note=None, not_compared=not_compared)
     # 3. Ranks at different steps: name them, compare nothing.
     if decoded["step"][0] != decoded["step"][1]:
-        return report("out_of_step", reason=_out_of_step(channel, step))
+        return report("out_of_step", reason=_out_of_step(channel, step), rule=None, set_aside=(), note=None,
+                      not_compared=not_compared)
     # 4. Nothing to compare on some replica: never "identical" without having looked.
     if decoded["count"][1] == 0:
         return report("unverified", reason="no parameter tensors to compare on %s replica"
-                      % ("every" if decoded["count"][0] == 0 else "some"))
+                      % ("every" if decoded["count"][0] == 0 else "some"), rule=None, set_aside=(), note=None,
+                      not_compared=not_compared)
     # 5. Different models: tensor count, lanes, shapes or dtypes.
     structure = _structure_mismatch(decoded, layout)
     if structure is not None:
-        return report("structure", structure=structure)
-    # 6. Bits differ somewhere: name the tensors and the ranks exactly (one all-gather).
+        return report("structure", structure=structure, rule=None, set_aside=(), note=None,
+                      not_compared=not_compared)
+    # 6. Bits differ somewhere: name the tensors and the ranks exactly (one all-gather). A tensor no layout
+    #    places is judged by its own first look: different there, it alone is set aside; set aside before, its
+    #    difference is no news; a replica (seen equal once) that differs now has diverged.
     bad = fingerprint.slots_differing(decoded, "bits_hi", "bits_lo", "nonfinite").nonzero().flatten().tolist()
-    rule = groups.RULE_WORLD if undecided else None
+    differing, versions, spread, divergence, nonfinite, group = [], [], None, None, [], []
     if bad:
         differing, versions, spread, divergence, nonfinite, group = _named_exactly(channel, layout, bad)
-        apart = [k for k in differing if k in undecided]
-        if apart:  # no declared layout, different at the first check: said once, never a divergence
-            rule = groups.RULE_APART
-            dropped = not_compared + [(names[k], groups.APART) for k in sorted(undecided)]
-            differing = [k for k in differing if k not in undecided]
-            nonfinite = [k for k in nonfinite if k not in undecided]
-            if not differing:
-                return report("unverified", reason=_apart_reason(step, len(apart)), not_compared=dropped,
-                              rule=rule)
-        if differing:
-            return report("differ", differing=differing, versions=versions, spread=spread, divergence=divergence,
-                          nonfinite=nonfinite, group=group, rule=rule)
-    # 7. Non-finite values, bitwise the same everywhere: the replicas agree.
+    looks.look(differing)
+    differing = [k for k in differing if k not in looks.apart]
+    nonfinite = [k for k in nonfinite if k not in looks.apart]
+    if differing:
+        return report("differ", differing=differing, versions=versions, spread=spread, divergence=divergence,
+                      nonfinite=nonfinite, group=group)
+    # 7. Nothing left to compare: every tensor set aside by its first look (now or before).
+    if looks.apart and len(looks.apart) >= len(names):
+        return report("unverified", reason=looks.note(step) or _all_apart_reason(len(names)), note=None)
+    # 8. Non-finite values, bitwise the same everywhere: the replicas agree.
     compared = decoded["compared"]
     nonfinite_slots = set(((decoded["nonfinite"][0] > 0) & compared).nonzero().flatten().tolist())
     if nonfinite_slots:
-        nonfinite = sorted(k for s in nonfinite_slots for k in layout.positions_in(s))
-        return report("nonfinite", nonfinite=nonfinite, rule=rule)
-    # 8. Every compared tensor bitwise equal over its replica group.
-    return report("identical", rule=rule)
+        nonfinite = sorted(k for s in nonfinite_slots for k in layout.positions_in(s) if k not in looks.apart)
+        if nonfinite:
+            return report("nonfinite", nonfinite=nonfinite)
+    # 9. Every compared tensor bitwise equal over its replica group.
+    return report("identical")
+
+
+class _FirstLooks(object):
+    """The first-check rule of one check (:mod:`.decisions`): for the tensors no layout places (the layout's
+    ``undecided`` positions), what was decided before this check, and what this check decides and keeps."""
+
+    def __init__(self, layout):
+        self.layout = layout
+        undecided = sorted(layout.undecided) if layout is not None else []
+        known = dict((k, decisions.of(layout.tensors[k])) for k in undecided)
+        #: set aside by an earlier check (their difference is no news), and by this one
+        self.before = set(k for k in undecided if known[k] == decisions.APART)
+        self.now = []
+        #: looked at for the first time by this check
+        self.first = [k for k in undecided if known[k] is None]
+        self.apart = set(self.before)
+
+    def look(self, differing):
+        """Decide the tensors at their first look from the exact list of ``differing`` positions, and keep it."""
+        different = set(differing)
+        for k in self.first:
+            decision = decisions.APART if k in different else decisions.REPLICA
+            decisions.record(self.layout.tensors[k], decision)
+            if decision == decisions.APART:
+                self.now.append(k)
+        self.apart.update(self.now)
+
+    def not_compared(self):
+        names = self.layout.names if self.layout is not None else []
+        return [(names[k], groups.APART) for k in sorted(self.apart)]
+
+    def rule(self):
+        """``"apart"``: this check set some tensor aside; ``"world"``: it found every first-looked tensor equal."""
+        if self.now:
+            return groups.RULE_APART
+        return groups.RULE_WORLD if self.first else None
+
+    def set_aside_names(self):
+        return [self.layout.names[k] for k in self.now]
+
+    def note(self, step):
+        """The one note of the tensors this check set aside (exact names and count), or None."""
+        if not self.now:
+            return None
+        return _apart_reason(step, [self.layout.names[k] for k in self.now])
 
 
 def nothing_left(report):
-    """Whether the first-check rule took every tensor of ``report`` out of the comparison: no later check of
-    its stream would compare anything (the hook and the callback stop checking it, silently)."""
+    """Whether every tensor of ``report`` is set aside by the first-check rule: no later check of its stream
+    would compare any (the hook and the callback stop checking it, silently)."""
     apart = {name for name, reason in report.not_compared if reason == groups.APART}
-    return report.rule == groups.RULE_APART and set(report.names) <= apart
+    return bool(report.names) and set(report.names) <= apart
 
 
-def _apart_reason(step, count):
-    """What a difference at a stream's first check means when no data-parallel layout is declared."""
+def _apart_reason(step, names):
+    """What a difference at a tensor's first look means when no data-parallel layout is declared."""
     when = ("before the first update" if step == 0 else "at the first check" if step is None
             else "at the first check (step %s)" % (step,))
-    return ("%d parameter tensor%s %s: replicas that started different, or tensors that are not replicas "
-            "by design (pipeline stages, optimizer-state or parameter shards); no data-parallel layout is declared, "
-            "so they are not compared again (if they are replicas, declare it: replicas='world', or "
-            "TPU_CLOSURE_FIX_SYNC_CHECK_GROUP=world for the zero-code check)"
-            % (count, " differs" if count == 1 else "s differ", when))
+    count = len(names)
+    shown = ", ".join(repr(n) for n in names[:5]) + (" and %d more" % (count - 5) if count > 5 else "")
+    return ("%d parameter tensor%s %s (%s): replicas that started different, or tensors that are not "
+            "replicas by design (a rank-local value, pipeline stages, optimizer-state or parameter shards); no "
+            "data-parallel layout is declared, so %s set aside and not compared again; every other tensor stays "
+            "compared (if they are replicas, declare it: TPU_CLOSURE_FIX_SYNC_CHECK_GROUP=world)"
+            % (count, " differs" if count == 1 else "s differ", when, shown, "it is" if count == 1 else "they are"))
+
+
+def _all_apart_reason(count):
+    return ("all %d parameter tensors were set aside at their first check (they differed there, with no "
+            "data-parallel layout declared): nothing left to compare" % count)
 
 
 def _out_of_step(channel, step):
@@ -450,21 +507,19 @@ _api_checks = {}  # rank -> compare_replicas calls so far (the check's name to t
 def compare_replicas(model, step=None, tolerance=DEFAULT_TOLERANCE, replicas=groups.AUTO):
     """Run one comparison now (collective: every replica must call it, with or without parameters).
 
-    ``replicas``: over which ranks the tensors that no layout places (DTensor, FSDP, DDP, neuronx-distributed,
-    the replicas of ``xm.optimizer_step`` on XLA) must be equal: ``"auto"`` (the default: decide at the
-    object's first check -- equal there, the world from then on; different, said once at warning level, never
-    a divergence, not compared again), ``"world"`` (the declaration that every rank holds the same model: a
-    difference at the first check is a divergence), a process group or a list of rank lists. An object with no
-    history (a list, a dict: not weakly referenceable) is decided afresh at every check. Returns a
-    :class:`SyncReport`, or None on a single device (nothing to compare). A comparison that cannot complete
-    (not every rank called, a peer gone) returns an ``unverified`` report."""
+    ``replicas``: over which ranks the tensors must be equal. ``"auto"`` (the default): as the job's layout
+    places them (DTensor, FSDP, DDP process groups, neuronx-distributed, the replicas of ``xm.optimizer_step``
+    on XLA), and every tensor no layout places over the whole world -- calling this is the declaration that
+    they are replicas, so any difference, at the first check too, is a divergence; ``"world"``: every tensor
+    over the whole world; a process group or a list of rank lists: over those groups. Returns a
+    :class:`SyncReport` (``report.in_sync`` is true only when every compared tensor matched), or None on a
+    single device (nothing to compare). A comparison that cannot complete (not every rank called, a peer gone)
+    returns an ``unverified`` report."""
     groups.check_replicas(replicas)
     channel = comm.channel()
     if channel is None:
         return None
     stream = _stream_of(model, replicas)
-    if stream.apart is not None and replicas == groups.AUTO:
-        return _still_apart(stream.apart, step, tolerance)
     # counted per rank: replicas that are threads of one process each count their own calls
     _api_checks[channel.rank] = _api_checks.get(channel.rank, 0) + 1
     try:
@@ -472,16 +527,7 @@ def compare_replicas(model, step=None, tolerance=DEFAULT_TOLERANCE, replicas=gro
     except comm.StoodDown as exc:
         return SyncReport(step, channel.size, channel.kind, [], tolerance=tolerance, outcome="unverified",
                           reason=str(exc))
-    if nothing_left(report) and stream.checks >= 0:
-        stream.apart = report  # every rank read the same vector: every rank skips the later checks alike
     return report
-
-
-def _still_apart(first, step, tolerance):
-    """A later check of an object whose every tensor the first-check rule took out of the comparison: the
-    same answer, without a collective (every rank decided alike), so it is said once, not at every call."""
-    return SyncReport(step, first.world_size, first.backend, first.names, tolerance=tolerance,
-                      outcome="unverified", reason=first.reason, not_compared=first.not_compared, rule=first.rule)
 
 
 def check_options(every, tolerance, on_divergence):
@@ -505,10 +551,12 @@ def check_sync(model, step, every=DEFAULT_EVERY, tolerance=DEFAULT_TOLERANCE, on
     tell "started different" from "diverged", once with step 0 before the first optimizer step).
 
     Checks at steps 0 and 1 and then whenever ``step % every == 0`` (one collective, so every replica must make the
-    same calls); on divergence rank 0 warns (TPUClosureFixWarning), or every rank raises
-    ReplicaDivergenceError with ``on_divergence="raise"``, or ``on_divergence(report)`` is called.
-    ``replicas``: as for :func:`compare_replicas`. Returns the SyncReport of a check, or None when no check
-    ran (other steps, single device).
+    same calls); on divergence rank 0 says it on the ``tpu_closure_fix.synccheck`` logger (the same divergence
+    again: one short line every 10th check), or every rank raises ReplicaDivergenceError with
+    ``on_divergence="raise"``, or ``on_divergence(report)`` is called. ``replicas``: as for
+    :func:`compare_replicas` (the default compares every tensor no layout places over the world). Returns the
+    SyncReport of a check (``report.in_sync``: every compared tensor matched), or None when no check ran
+    (other steps, single device).
     """
     check_options(every, tolerance, on_divergence)
     groups.check_replicas(replicas)
@@ -516,5 +564,5 @@ def check_sync(model, step, every=DEFAULT_EVERY, tolerance=DEFAULT_TOLERANCE, on
         return None
     report = compare_replicas(model, step, tolerance, replicas)
     channel = comm.channel()
-    act(report, on_divergence, rank=channel.rank if channel else 0)
+    act(report, on_divergence, rank=channel.rank if channel else 0, stream=_streams.get(id(model)))
     return report

@@ -28,14 +28,16 @@ The rules, the same in the zero-code hook, the Lightning callback, ``check_sync`
    compared within each subgroup, never across them.
 5. The user's declaration (``replicas=`` of ``SyncCheck`` / ``check_sync`` / ``compare_replicas``,
    ``TPU_CLOSURE_FIX_SYNC_CHECK_GROUP`` for the zero-code check): ``"world"``, a process group or a list of
-   rank lists. ``"auto"``, the default everywhere, declares nothing.
+   rank lists. Calling ``SyncCheck`` / ``check_sync`` / ``compare_replicas`` is itself a declaration: under
+   their default ``"auto"`` the tensors no layout places are compared over the world (the user chose what to
+   compare). Only the zero-code check, armed on jobs that asked for nothing, declares nothing under ``"auto"``.
 6. The framework's data-parallel layout under ``"auto"``: the replicas of ``xm.optimizer_step`` when the
-   check's world is torch_xla's (:func:`step_replicas_declaration`), and in the Lightning callback a
-   data-parallel strategy over every process (:func:`strategy_declaration`): over the whole world.
-7. Nothing declared (``"auto"``, a plain torch.distributed script, a bare model): over the whole world,
-   decided at the stream's first check -- bitwise equal there: compared over the world from then on;
-   different there: the tensors are replicas that started different or not replicas at all (pipeline
-   stages, optimizer-state or parameter shards), said once and not compared again (``compare.decide``).
+   check's world is torch_xla's (:func:`step_replicas_declaration`): over the whole world.
+7. Nothing declared (the zero-code check under ``"auto"`` on a plain torch.distributed script): over the
+   whole world, decided per tensor at its own first look (:mod:`.decisions`, applied in ``compare.decide``) --
+   bitwise equal there: a replica for the tensor's whole life; different there: a replica that started
+   different or not a replica at all (a rank-local scale, a pipeline stage, an optimizer-state shard), that
+   tensor alone said once, named, and not compared again.
 
 A tensor whose replica group holds this rank alone (a DTensor with no ``Replicate`` dimension, as FSDP2's
 ``fully_shard`` makes, a group of one rank), a sparse tensor and a meta tensor are listed as not compared,
@@ -56,14 +58,14 @@ FLAT_SHARD = ("a flat shard of this rank (FSDP FlatParameter / torch_xla FSDP): 
 #: FSDP1 sharding strategies whose shards have replicas: the ranks with the same shard index.
 HYBRID = ("HYBRID_SHARD", "_HYBRID_SHARD_ZERO2")
 
-#: The declarations of the tensors no layout places: decide at the first check, or the whole world.
+#: The declarations of the tensors no layout places: decide per tensor at its first look, or the whole world.
 AUTO, WORLD = "auto", "world"
 ACCEPTED = "'auto', 'world', a torch.distributed process group or a list of rank lists ([[0, 1], [2, 3]])"
-#: The stream's first-check rule, once decided: compared over the world, or not replicas (not compared).
+#: What a check's first look decided (``SyncReport.rule``): replicas over the world, or some tensors set aside.
 RULE_WORLD, RULE_APART = "world", "apart"
 SPARSE = "a sparse tensor: its indices and values are not compared (compare its to_dense() to include it)"
 META = "a meta tensor: it holds no values to compare"
-APART = ("differed at the stream's first check with no declared data-parallel layout (replicas that started "
+APART = ("differed at its first check with no declared data-parallel layout (replicas that started "
          "different, or not replicas by design): not compared since")
 
 
@@ -232,13 +234,14 @@ def _unplaceable(tensor):
     return None
 
 
-def placement(tensor, rank, neuron_groups=None, fsdp_handle=None, world=None, ddp_group=None, declared=None,
-              rule=None):
+def placement(tensor, rank, neuron_groups=None, fsdp_handle=None, world=None, ddp_group=None, declared=None):
     """The :class:`Placement` of one tensor on ``rank``, or a string: why it is not compared.
     ``fsdp_handle``: ``(FlatParamHandle, replicas)`` of an FSDP1 tensor (:func:`fsdp_handles`);
     ``ddp_group``: the ranks of the DDP module holding it (:func:`ddp_groups`); ``declared``: the user's
-    declaration (:func:`declaration`: ``"auto"``, ``"world"`` or this rank's group); ``rule``: the stream's
-    first-check rule once decided (``RULE_WORLD`` / ``RULE_APART``), None before."""
+    declaration (:func:`declaration`: ``"auto"``, ``"world"`` or this rank's group). Under ``"auto"`` a tensor
+    no layout places is over the world by default only (``declared`` False): each tensor's first look decides
+    (:mod:`.decisions`), when the check is exchanged, never here -- a layout computed before a decision and one
+    computed after it are the same, so every rank builds the same vector whenever it fingerprints."""
     why = _unplaceable(tensor)
     if why is not None:
         return why
@@ -259,10 +262,7 @@ def placement(tensor, rank, neuron_groups=None, fsdp_handle=None, world=None, dd
         return _ranks_placement(tensor, ddp_group, rank, world)
     if isinstance(declared, tuple):
         return _ranks_placement(tensor, declared, rank, world)
-    if declared == AUTO and rule == RULE_APART:
-        return APART
-    return Placement(("world",), 1, 0, tensor, fingerprint.describe(tensor),
-                     declared != AUTO or rule == RULE_WORLD)
+    return Placement(("world",), 1, 0, tensor, fingerprint.describe(tensor), declared != AUTO)
 
 
 # --------------------------------------------------------------------------- the evidence
@@ -306,31 +306,6 @@ def step_replicas_declaration(declared, kind, size, xla_size):
     return declared
 
 
-#: Lightning strategies (and 1.5's training type plugins) under which every process holds the whole model
-#: and the gradients are reduced over all of them: DDP, DDP spawn, XLA / TPU spawn (DDP on HPU too).
-DATA_PARALLEL_STRATEGIES = ("DDPStrategy", "DDPSpawnStrategy", "XLAStrategy", "TPUSpawnStrategy",
-                            "HPUParallelStrategy", "DDPPlugin", "DDPSpawnPlugin", "TPUSpawnPlugin")
-#: Parts of the class names of strategies that shard parameters, split the model or average asynchronously,
-#: some of them subclasses of the above (DeepSpeed and the sharded ones derive from DDP's).
-NOT_DATA_PARALLEL = ("DeepSpeed", "Sharded", "FSDP", "ModelParallel", "ColossalAI", "Bagua", "Hivemind", "IPU")
-
-
-def strategy_declaration(strategy, size):
-    """``"world"`` when the Lightning ``strategy`` object is a data-parallel one over exactly the check's
-    ``size`` ranks (its class's MRO holds one of :data:`DATA_PARALLEL_STRATEGIES` and none of
-    :data:`NOT_DATA_PARALLEL`, and its ``world_size`` is ``size``), else None: no evidence."""
-    names = [cls.__name__ for cls in type(strategy).__mro__]
-    if not any(name in DATA_PARALLEL_STRATEGIES for name in names):
-        return None
-    if any(part.lower() in name.lower() for name in names for part in NOT_DATA_PARALLEL):
-        return None
-    try:
-        spans = int(getattr(strategy, "world_size")) == int(size)
-    except Exception:  # a strategy whose world cannot be read gives no evidence
-        return None
-    return WORLD if spans else None
-
-
 def ddp_groups(named):
     """``{id(tensor): ranks}`` for the tensors of ``named`` that a live ``DistributedDataParallel`` module
     holds: the ranks of its process group (one pass of ``gc.get_objects()``; nothing when DDP is not loaded)."""
@@ -364,13 +339,13 @@ class Layout(object):
     ``names``/``structures``: every tensor's name and description, in order (the same on every rank with
     the same model); ``spans[k]``: the first lane of tensor ``k``'s pattern and how many lanes it has;
     ``entries``: ``(position, slot, local tensor)`` of the tensors this rank holds; ``not_compared``:
-    ``(name, reason)``; ``undecided``: the positions compared over the world by default only (rule 7, at
-    the stream's first check). ``declared``, ``rule``, ``ddp``: see :func:`placement`; ``world``: the world
+    ``(name, reason)``; ``undecided``: the positions compared over the world by default only (rule 7: each
+    decided at its own first look, :mod:`.decisions`). ``declared``, ``ddp``: see :func:`placement`; ``world``: the world
     size (default: torch.distributed's, read only when a rule needs it). Lane ``l`` owns slots
     ``[l * width, (l + 1) * width)``; tensor ``k`` in lane ``l`` goes to slot ``l * width + k % width``.
     """
 
-    def __init__(self, named, rank, slots=fingerprint.SLOTS, declared=WORLD, rule=None, ddp=None, world=None):
+    def __init__(self, named, rank, slots=fingerprint.SLOTS, declared=WORLD, ddp=None, world=None):
         self.slots = slots
         named = list(named)
         neuron = _neuron_groups()
@@ -380,14 +355,17 @@ class Layout(object):
             world = _world_size()
         found = []
         self.not_compared = []
+        #: the listed tensor at each compared position (its identity keys the first-check rule's decision)
+        self.tensors = []
         for name, tensor in named:
             where = placement(tensor, rank, neuron, handles.get(id(tensor)), world, ddp.get(id(tensor)),
-                              declared, rule)
+                              declared)
             if isinstance(where, str):
                 self.not_compared.append((name, where))
             else:
                 found.append((name, where))
-        #: positions of the tensors compared over the world by default only (rule 7, undecided)
+                self.tensors.append(tensor)
+        #: positions of the tensors compared over the world by default only (rule 7: decided per tensor)
         self.undecided = frozenset(k for k, (_, where) in enumerate(found) if not where.declared)
         patterns = {}
         for _, where in found:

@@ -36,14 +36,15 @@ Reports name tensors by module path (``encoder.layers.3.weight``), found among t
 the optimizer's parameters when something is reported. A failure inside the hook (anything but the
 divergence itself) is warned about once, disarms the check, and leaves training running.
 """
+import atexit
+import logging
 import os
 import sys
 import threading
 import time
-import warnings
 import weakref
 
-from ..config import ASCII_WHITESPACE, SYNC_CHECK_VAR, TPUClosureFixWarning
+from ..config import ASCII_WHITESPACE, SYNC_CHECK_VAR
 from . import comm, compare, report as reports  # none imports torch: this module is loaded only when armed
 from .report import ReplicaDivergenceError
 
@@ -57,10 +58,6 @@ DEFAULT_ACTION = "warn"
 MAX_DIGITS = 12
 #: The torch module whose global hook registry arms the check.
 TORCH_OPTIMIZER = "torch.optim.optimizer"
-#: Top-level packages whose frames a warning's location skips, besides this package and every
-#: integration's packages (the frameworks and torch_xla: ``sites.top_level_packages()``).
-LIBRARY_PACKAGES = ("torch", "wrapt")
-
 #: What is armed: steps between checks (0: off), the action, torch's hook handles.
 _armed = {"every": 0, "action": DEFAULT_ACTION, "handles": None, "replicas": DEFAULT_GROUP}
 #: What the checks saw in this process: how many ran and the latest SyncReport (None on one device).
@@ -72,7 +69,9 @@ _counts = {}
 _outermost = threading.local()
 #: Guards the counts: steps of one optimizer may end in several threads at once.
 _lock = threading.Lock()
-_warned = set()
+#: Divergences the ranks agreed to raise and not raised yet: id(stream) -> (the error, this rank). A job that
+#: ends before the agreed step still fails (:func:`end_of_job`).
+_unraised = {}
 
 
 # --------------------------------------------------------------------------- parsing
@@ -123,37 +122,36 @@ def parse_group(raw):
         "`unset %s` (auto), or `export %s=world` where every rank holds the same model" % (GROUP_VAR, GROUP_VAR))
 
 
-def _warn_once(key, message, stacklevel=3):
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(message, TPUClosureFixWarning, stacklevel=stacklevel)
+def _say_once(key, message, where=None):
+    """Say ``message`` once per ``key`` in this process, on the one path of every report (:func:`.report.say`)."""
+    reports.say_once(key, message, where=where)
 
 
 # --------------------------------------------------------------------------- arming
 def arm_from_environment(environ=None):
-    """Arm the check as the two variables say (a bad value: one warning, then off / warn). Returns every."""
-    from ..config import user_stacklevel
+    """Arm the check as the variables say (a bad value: one report, then off / warn). Returns every."""
+    from ..config import user_location
 
     environ = os.environ if environ is None else environ
-    level = user_stacklevel() + 1  # each warning points at the user's import line (through _warn_once)
+    where = user_location()  # each bad value is said at the user's import line
+
+    def bad(variable, problem):
+        if problem:
+            _say_once(("value", variable, environ.get(variable)), problem, where)
+
     every, problem = parse_every(environ.get(SYNC_CHECK_VAR))
-    if problem:
-        _warn_once(("value", SYNC_CHECK_VAR, environ.get(SYNC_CHECK_VAR)), problem, level)
+    bad(SYNC_CHECK_VAR, problem)
     if not every:
         return 0
     action, problem = parse_action(environ.get(ON_DIVERGENCE_VAR))
-    if problem:
-        _warn_once(("value", ON_DIVERGENCE_VAR, environ.get(ON_DIVERGENCE_VAR)), problem, level)
-    _, problem = comm.parse_timeout(environ.get(comm.TIMEOUT_VAR))
-    if problem:
-        _warn_once(("value", comm.TIMEOUT_VAR, environ.get(comm.TIMEOUT_VAR)), problem, level)
+    bad(ON_DIVERGENCE_VAR, problem)
+    bad(comm.TIMEOUT_VAR, comm.parse_timeout(environ.get(comm.TIMEOUT_VAR))[1])
     _, problem = comm.parse_port(environ.get(comm.PORT_VAR), environ.get("MASTER_PORT"))
     if problem:
         comm._said_ports.add(problem)  # said here, not again when the check's store is made
-        _warn_once(("value", comm.PORT_VAR, environ.get(comm.PORT_VAR)), problem, level)
+    bad(comm.PORT_VAR, problem)
     replicas, problem = parse_group(environ.get(GROUP_VAR))
-    if problem:
-        _warn_once(("value", GROUP_VAR, environ.get(GROUP_VAR)), problem, level)
+    bad(GROUP_VAR, problem)
     arm(every, action, replicas)
     return every
 
@@ -179,10 +177,10 @@ def _register(module):
     if register_post is None or register_pre is None:
         import torch
 
-        _warn_once("torch", "tpu-closure-fix: %s needs torch >= 2.0 "
-                            "(torch.optim.optimizer.register_optimizer_step_post_hook); torch %s has none, so the "
-                            "zero-code sync check is off. Use SyncCheck or check_sync in the code instead."
-                   % (SYNC_CHECK_VAR, getattr(torch, "__version__", "?")))
+        _say_once("torch", "tpu-closure-fix: %s needs torch >= 2.0 "
+                           "(torch.optim.optimizer.register_optimizer_step_post_hook); torch %s has none, so the "
+                           "zero-code sync check is off. Use SyncCheck or check_sync in the code instead."
+                  % (SYNC_CHECK_VAR, getattr(torch, "__version__", "?")))
         return
     _armed["handles"] = (register_pre(_before_step), register_post(_after_step))
     from . import worker
@@ -270,10 +268,10 @@ def _guarded(fn, optimizer):
         fn(optimizer)
     except ReplicaDivergenceError:
         raise
-    except Exception as exc:  # never break training: warn once, disarm
+    except Exception as exc:  # never break training: say it once, disarm
         disarm()
-        _warn_once("failed", "tpu-closure-fix: the zero-code sync check failed (%s: %s) and is now off; "
-                             "training goes on." % (type(exc).__name__, exc))
+        _say_once("failed", "tpu-closure-fix: the zero-code sync check failed (%s: %s) and is now off; "
+                            "training goes on." % (type(exc).__name__, exc))
 
 
 def _first_check(optimizer):
@@ -324,7 +322,7 @@ def _user_calls():
     the frameworks, this package and Python's own library (whose lines are the same on every rank anyway)."""
     import sysconfig
 
-    skipped = tuple(_library_dirs()) + tuple(
+    skipped = tuple(reports.library_dirs()) + tuple(
         os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib"))
     calls, frame = [], sys._getframe(1)
     while frame is not None and len(calls) < MAX_CALLS:
@@ -343,7 +341,7 @@ def _entry(optimizer):
     key = id(optimizer)
     entry = _counts.get(key)
     if entry is None:
-        entry = _counts[key] = (compare.Stream(_stream_key(optimizer), _armed["replicas"]), [0])
+        entry = _counts[key] = (compare.Stream(_stream_key(optimizer), _armed["replicas"], first_look=True), [0])
         try:
             finalizer = weakref.finalize(optimizer, _counts.pop, key, None)
             finalizer.atexit = False
@@ -360,6 +358,7 @@ def _check(optimizer, stream, step):
     if isinstance(channel, (comm.DistributedChannel, comm.HostChannel)):
         _check_off_thread(optimizer, stream, step, channel)
         return
+    where = reports.user_location()
     try:
         report = compare.run(optimizer, step, stream, channel=channel)
     except comm.StoodDown as exc:
@@ -367,39 +366,25 @@ def _check(optimizer, stream, step):
         if exc.broken:
             disarm()
         # the user knows the optimizer by its class and its parameters (never by the stream's key)
-        _warn_once(("stood down", stream.key, str(exc)), "tpu-closure-fix: the zero-code sync check stands down "
-                   "for %s at step %d: %s. Training goes on." % (_label(optimizer, stream), step, exc),
-                   stacklevel=_user_stacklevel())
+        _say_once(("stood down", stream.key, str(exc)), "tpu-closure-fix: the zero-code sync check stands down "
+                  "for %s at step %d: %s. Training goes on." % (_label(optimizer, stream), step, exc), where)
         return
-    _delivered(report, optimizer, channel.rank, where=_user_location(), stream=stream, started=started)
-
-
-def _delivered(report, optimizer, rank, where, stream=None, started=None, held=None):
-    """What a check's report does once known: the history, the names by module path (``optimizer``: looked up
-    now; None: named already), the info line, the words or the raise. ``held``: the seconds the check held the
-    training thread (else the time since ``started``)."""
-    stream = stream or _stream_of(optimizer)
-    if stream is not None and report.outcome == "out_of_step":
-        stream.stood_down = report.reason
-    if stream is not None and compare.nothing_left(report):
-        # every tensor found not to be a replica: no later check would compare any; checks fingerprinted before
-        # this verdict was known say nothing more (their tensors are the same)
-        stream.stood_down, stream.settled_apart = report.reason, True
-    if report.outcome != "identical" and optimizer is not None:
+    if report.outcome != "identical":
         _name_by_module(report, optimizer, stream)
+    _delivered(report, stream, channel.rank, where, time.perf_counter() - started)
+
+
+def _delivered(report, stream, rank, where, held):
+    """What a check's report does once known: the history, the info line, the words (or nothing: the same
+    divergence said already, :func:`.report.repeat_of`). ``held``: the seconds the check held the training
+    thread."""
+    if report.outcome == "out_of_step" or compare.nothing_left(report):
+        # out of step, or every tensor set aside at its first look: no later check of this stream compares
+        # anything; checks fingerprinted before this verdict was known say nothing more (stood down)
+        stream.stood_down = report.reason
     seen["checks"] += 1
     seen["last_report"] = report
-    # one line per check at info level (TPU_CLOSURE_FIX_LOG=info): a correct run says that its checks ran
-    if held is None and started is not None:
-        held = time.perf_counter() - started
-    reports.logger.info("sync check at step %s: %s over %d replicas%s", report.step, _said(report),
-                        report.world_size, "" if held is None else ", %.1f ms" % (held * 1000.0))
-    reports.act(report, _armed["action"], rank=rank, where=where)
-
-
-def _stream_of(optimizer):
-    entry = _counts.get(id(optimizer)) if optimizer is not None else None
-    return entry[0] if entry is not None else None
+    reports.act(report, _armed["action"], rank=rank, where=where, stream=stream, held=held)
 
 
 def _check_off_thread(optimizer, stream, step, channel):
@@ -418,38 +403,41 @@ def _check_off_thread(optimizer, stream, step, channel):
     pending = compare.prepare(optimizer, step, stream, channel=channel)
     held = time.perf_counter() - started  # what the training thread gives the check: the fingerprint
     _module_paths(optimizer, stream)  # found now, on the training thread, while the model is alive
-    where = _user_location()
+    where = reports.user_location()
     name = _label(optimizer, stream)
 
     def deliver(report, raise_at):
         try:
             _deliver(report, raise_at)
-        except Exception as exc:  # e.g. warnings turned into errors: the training thread raises it, not the worker
+        except Exception as exc:  # a failure while saying it: the training thread raises it, not the worker
             stream.raise_at, stream.raising = 0, exc
 
     def _deliver(report, raise_at):
-        if getattr(stream, "settled_apart", False):
-            return  # its first check found nothing to compare: said once then
+        if stream.stood_down is not None and stream.stood_down != "raised" and compare.nothing_left(report):
+            return  # every tensor set aside: said once, at the check that set them aside
         if report.outcome != "identical":
             _apply_names(report, stream.module_paths[0], name)
-        if getattr(stream, "raising", None) is not None:
+        if getattr(stream, "raising", None) is not None or stream.stood_down == "raised":
             return  # the first divergence to raise stands (every rank agreed on its step); later ones add nothing
         if raise_at is not None:
-            stream.raise_at, stream.raising = raise_at, ReplicaDivergenceError(
+            error = ReplicaDivergenceError(
                 "%s Raised at optimizer step %d, the step every rank agreed on." % (report.message(), raise_at),
                 report)
+            stream.raise_at, stream.raising = raise_at, error
+            _unraised[id(stream)] = (error, channel.rank, report, raise_at)
             seen["checks"] += 1
             seen["last_report"] = report
-            if channel.rank == 0:  # said now: the training may end before that step
-                reports.say_at("%s Every rank raises ReplicaDivergenceError at its optimizer step %d."
-                               % (report.message(), raise_at), where)
+            reports.info(reports.info_line(report, held), channel.rank)
+            # said now: the training may end before that step
+            reports.say("%s Every rank raises ReplicaDivergenceError at its optimizer step %d." % (
+                report.message(), raise_at), where, speaker=channel.rank == 0)
             return
-        _delivered(report, None, channel.rank, where=where, stream=stream, held=held)
+        _delivered(report, stream, channel.rank, where, held)
 
     def stand_down(exc):
         try:
             _stand_down(exc)
-        except Exception as error:  # e.g. warnings turned into errors: raised on the training thread
+        except Exception as error:  # a failure while saying it: raised on the training thread
             stream.raise_at, stream.raising = 0, error
 
     def _stand_down(exc):
@@ -486,28 +474,32 @@ def _raise_if_due(stream, step):
     if error is not None and worker.due_to_raise(step, stream.raise_at):
         stream.raising = None
         stream.stood_down = "raised"
+        _unraised.pop(id(stream), None)
         raise error
 
 
-def _say_once(key, message, where):
-    if key in _warned:
+def end_of_job(how):
+    """The job ends (``how``: "destroy" -- its process group destroyed --, "exit" or "fork-exit") with a divergence
+    the ranks agreed to raise and did not reach yet: under ``raise`` it must not end as a success. At destroy the
+    error is raised from ``destroy_process_group``; at exit the process ends with status 1, said at ERROR level
+    (rank 0; the others at debug level), after flushing the standard streams and logging."""
+    if not _unraised:
         return
-    _warned.add(key)
-    reports.say_at(message, where)
-
-
-def _said(report):
-    """A check's outcome in a few words, for its info line (the warning, if any, says the rest)."""
-    if report.outcome in ("identical", "nonfinite"):
-        # never "identical" about a tensor it did not compare
-        count = len(report.not_compared)
-        left_out = " (%d tensor%s not compared)" % (count, "" if count == 1 else "s") if count else ""
-        return ("identical" if report.outcome == "identical" else "identical, with non-finite values") + left_out
-    if report.outcome == "structure":
-        return "DIFFERENT (the replicas hold different models)"
-    if report.diverged:
-        return "DIFFERENT (%d of %d tensors)" % (report.diverged_count, len(report.names))
-    return "not compared (%s)" % report.outcome.replace("_", " ")
+    error, rank, report, raise_at = next(iter(_unraised.values()))
+    _unraised.clear()
+    if how == "destroy":
+        raise error
+    reports.say("tpu-closure-fix: the job ended before optimizer step %d, where every rank was to raise "
+                "ReplicaDivergenceError (%s=raise) for the check at step %s: this process exits with status 1. %s"
+                % (raise_at, ON_DIVERGENCE_VAR, report.step, report.message()), speaker=rank == 0,
+                level=logging.ERROR)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    logging.shutdown()
+    os._exit(1)
 
 
 def _label(optimizer, stream=None):
@@ -583,33 +575,7 @@ def _listed(optimizer):
     return compare.listed(optimizer)
 
 
-def _user_stacklevel():
-    """The ``stacklevel`` for a warning issued in ``report.act`` called by :func:`_check`: the first frame
-    outside torch, the frameworks and this package (level 1 is ``act``, 2 is ``_check``)."""
-    prefixes = tuple(_library_dirs())
-    frame, level = sys._getframe(1), 2  # _check's frame
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(prefixes):
-        frame, level = frame.f_back, level + 1
-    return level if frame is not None else 2
-
-
-def _user_location():
-    """``(filename, lineno, module, globals)`` of the first frame outside torch, the frameworks and this
-    package on the training thread now: where a warning issued later by the worker points."""
-    prefixes = tuple(_library_dirs())
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(prefixes):
-        frame = frame.f_back
-    if frame is None:
-        frame = sys._getframe(1)
-    return frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", "__main__"), frame.f_globals
-
-
-def _library_dirs():
-    from ..sites import top_level_packages
-
-    yield os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    for name in LIBRARY_PACKAGES + tuple(sorted(top_level_packages())):
-        path = getattr(sys.modules.get(name), "__file__", None)
-        if path:
-            yield os.path.dirname(os.path.abspath(path)) + os.sep
+# Registered at arming, before the worker's own exit hook (the worker module is imported later, when torch.optim
+# is): exit hooks run last-registered first, so this one runs after the worker answered the job's last checks,
+# and a divergence to raise found then fails the process too.
+atexit.register(end_of_job, "exit")

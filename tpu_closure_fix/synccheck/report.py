@@ -1,17 +1,35 @@
-"""What a check says: the :class:`SyncReport`, its one message, and who writes it.
+"""What a check says: the :class:`SyncReport`, its one message, and the one path every report takes.
 
 One report per check for the whole job: every rank reaches the same verdict (it is read from the same
-reduced vector), rank 0 writes it as a warning, every other rank logs it at debug level only; with
+reduced vector), rank 0 says it, every other rank logs it at debug level only; with
 ``on_divergence="raise"`` every rank raises at the same check. A check that stands down (a peer gone, a
-timeout, a failed fingerprint) is warned about once per reason by each rank that stood down: it cannot
-know whether rank 0 can still speak.
+timeout, a failed fingerprint) is said once per reason by each rank that stood down: it cannot know whether
+rank 0 can still speak.
+
+Every report -- divergence, structure, set-aside note, stand-down, a bad setting of the check -- goes out
+through :func:`say`, on the ``tpu_closure_fix.synccheck`` logger, never through ``warnings``: a script's
+``warnings.filterwarnings("ignore")``, ``PYTHONWARNINGS=ignore`` or ``-W ignore`` cannot mute it. With no
+logging configured, Python's last-resort handler writes it to stderr; where logging is configured (the
+root's handlers, Lightning's, accelerate's), it goes through those handlers, once. Its record points at the
+user's line that stepped (``pathname``/``lineno``), and its text starts with that ``file:line``. A report is
+at WARNING level, whatever the root logger's threshold: only ``TPU_CLOSURE_FIX_LOG`` (or the
+``tpu_closure_fix`` loggers' own level) raises or lowers it.
 """
 import logging
-import warnings
+import os
+import sys
 
-from ..config import TPUClosureFixWarning
+from .groups import APART as _APART
 
 logger = logging.getLogger("tpu_closure_fix.synccheck")
+#: The package's logger, whose level ``TPU_CLOSURE_FIX_LOG`` sets.
+PACKAGE_LOGGER = "tpu_closure_fix"
+#: After a divergence said in full, the same tensors differing on the same ranks are said again in one short
+#: line at every this many checks; a change (other tensors, other ranks) is said in full at once.
+REPEAT_EVERY = 10
+#: Top-level packages whose frames a report's location skips, besides this package and every integration's
+#: packages (the frameworks and torch_xla: ``sites.top_level_packages()``).
+LIBRARY_PACKAGES = ("torch", "wrapt", "logging")
 
 #: The outcomes of a comparison. ``diverged`` is true for "differ" and "structure" only.
 OUTCOMES = ("identical", "differ", "structure", "nonfinite", "out_of_step", "unverified")
@@ -63,14 +81,16 @@ class SyncReport(object):
     first-check rule this check decided for the tensors no layout places (``"world"``: equal there, compared
     over the world from now on; ``"apart"``: different there, not compared again; None: nothing decided);
     ``stream``: what the check compared as the user knows it (the zero-code check: the optimizer's class and
-    its parameters' module paths), or None.
+    its parameters' module paths), or None; ``set_aside``: the names this check set aside (different at their
+    first look, nothing declared) and ``note``: the one sentence saying so (None: none); ``in_sync``: the field
+    a gate reads (true only when every compared tensor matched and nothing was set aside).
     ``tolerance`` is recorded and decides nothing: any bitwise difference is one.
     """
 
     def __init__(self, step, world_size, backend, names, spread=None, divergence=None, tolerance=0.0,
                  outcome="identical", differing=(), nonfinite=(), structure=None, reason=None, versions=(),
                  first_check=False, identical_at=None, not_compared=(), local_error=False, group=(), rule=None,
-                 stream=None):
+                 stream=None, set_aside=(), note=None):
         if outcome not in OUTCOMES:
             raise ValueError("outcome must be one of %s; got %r" % (", ".join(OUTCOMES), outcome))
         self.step = step
@@ -94,10 +114,26 @@ class SyncReport(object):
         self.group = list(group)
         self.rule = rule
         self.stream = stream
+        self.set_aside = list(set_aside)
+        self.note = note
 
     @property
     def diverged(self):
         return self.outcome in DIVERGED_OUTCOMES
+
+    @property
+    def in_sync(self):
+        """The one field a gate reads: True only when the check compared something, every compared tensor
+        matched bitwise over its replica group (the same NaN/inf everywhere included), and no tensor was set
+        aside by the first-check rule. False for a divergence, and for any check that could not say."""
+        apart = any(reason == _APART for _, reason in self.not_compared)
+        return self.outcome in ("identical", "nonfinite") and self.compared_count > 0 and not apart
+
+    @property
+    def compared_count(self):
+        """How many of ``names`` were compared (the rest are listed in ``not_compared``)."""
+        left_out = set(name for name, _ in self.not_compared)
+        return sum(1 for name in self.names if name not in left_out)
 
     @property
     def diverged_count(self):
@@ -183,8 +219,8 @@ class SyncReport(object):
                     "all %d replicas: the replicas agree (not a divergence), the training itself produced "
                     "them: %s." % (self._of(), _at(self.step), self.world_size, self._listed(self.nonfinite)))
         if self.outcome == "identical":
-            return ("SyncCheck: all %d parameter tensors%s bitwise identical on all %d replicas at %s%s."
-                    % (len(self.names), self._of(), self.world_size, _at(self.step), self._not_compared_note()))
+            return ("SyncCheck: all %d compared parameter tensors%s bitwise identical on all %d replicas at %s%s."
+                    % (self.compared_count, self._of(), self.world_size, _at(self.step), self._not_compared_note()))
         i = self.worst_index
         how = ("value-sum spread %.3g, relative divergence %.3g" % (self.spread[i], self.divergence[i])
                if self.spread[i] else "equal value sums: a sum-preserving difference, e.g. compensating "
@@ -194,7 +230,8 @@ class SyncReport(object):
             extra = "; non-finite values on some replicas only, in %s" % self._listed(self.nonfinite)
         return ("SyncCheck: data-parallel replicas hold different parameters %s: %d of %d parameter tensors%s "
                 "differ bitwise across %d replicas%s: %s; worst %r: %s%s. %s"
-                % (self._when(), self.diverged_count, len(self.names), self._of(), self.world_size, self._versions(),
+                % (self._when(), self.diverged_count, self.compared_count, self._of(), self.world_size,
+                   self._versions(),
                    self._listed(self.differing), self.names[i], how, extra, self._next_step()))
 
     def _next_step(self):
@@ -224,62 +261,150 @@ class SyncReport(object):
                 "first_check": self.first_check, "started_different": self.started_different,
                 "identical_at": self.identical_at, "different_since": self.different_since,
                 "not_compared": [list(p) for p in self.not_compared], "group": self.group, "rule": self.rule,
-                "stream": self.stream}
+                "stream": self.stream, "set_aside": self.set_aside, "note": self.note, "in_sync": self.in_sync}
 
     def __repr__(self):
         return "SyncReport(%r)" % (self.as_dict(),)
 
 
-_warned_once = set()
+# --------------------------------------------------------------------------- the one path of every report
+def _enabled(level):
+    """Whether a record at ``level`` goes out: the ``tpu_closure_fix`` loggers' own level when one is set
+    (``TPU_CLOSURE_FIX_LOG``), else WARNING -- never the root logger's threshold, which a script may raise to
+    quiet its libraries. ``logging.disable`` and a disabled logger are honoured."""
+    if logger.disabled or logging.root.manager.disable >= level:
+        return False
+    threshold = logger.level or logging.getLogger(PACKAGE_LOGGER).level or logging.WARNING
+    return level >= threshold
 
 
-def _say(message, speaker, stacklevel):
-    if speaker:
-        warnings.warn(message, TPUClosureFixWarning, stacklevel=stacklevel + 1)
-    else:
-        logger.debug("%s", message)
+def say(message, where=None, speaker=True, level=logging.WARNING):
+    """Deliver one report: at ``level`` (WARNING) by the rank that speaks, at DEBUG by the others. ``where``:
+    ``(filename, lineno, ...)`` of the user's line it is about (captured on the training thread; default: the
+    first frame outside this package and the libraries, now). The record's ``sync_check_message`` holds the
+    message alone."""
+    level = level if speaker else logging.DEBUG
+    if not _enabled(level):
+        return
+    filename, lineno = (where or user_location(1))[:2]
+    record = logger.makeRecord(logger.name, level, filename, lineno, "%s:%s: %s", (filename, lineno, message), None,
+                               extra={"sync_check_message": message})
+    logger.handle(record)
 
 
-def _speak(message, speaker, stacklevel, where):
-    """Say ``message`` at ``where`` when given (see :func:`say_at`), else at ``stacklevel`` above act."""
-    if speaker and where is not None:
-        say_at(message, where)
-    else:
-        _say(message, speaker, stacklevel + 1)
+def info(message, rank):
+    """One line at INFO level for the whole job (rank 0; the others at DEBUG): ``TPU_CLOSURE_FIX_LOG=info``."""
+    level = logging.INFO if rank == 0 else logging.DEBUG
+    if _enabled(level):
+        logger.log(level, "%s", message)
 
 
-def say_at(message, where):
-    """Warn ``message`` at ``where`` = ``(filename, lineno, module, globals)``: a line of the user's code
-    captured on the training thread (a warning issued from another thread points there, not at the thread)."""
-    filename, lineno, module, module_globals = where
-    registry = module_globals.setdefault("__warningregistry__", {})
-    # no module_globals: its loader may not serve the module by that name (``python -m``: "__main__")
-    warnings.warn_explicit(message, TPUClosureFixWarning, filename, lineno, module=module, registry=registry)
+def user_location(skip=0):
+    """``(filename, lineno, module)`` of the first frame on this thread outside this package, torch, wrapt, the
+    frameworks and the logging machinery (``skip``: frames of the caller's own to pass first)."""
+    prefixes = tuple(library_dirs())
+    first = frame = sys._getframe(1 + skip)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(prefixes):
+        frame = frame.f_back
+    frame = frame or first
+    return frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", "__main__")
 
 
-def act(report, on_divergence, rank=0, stacklevel=3, where=None):
-    """What a check does with its report: on divergence rank 0 warns (the others log at debug level), every
-    rank raises with ``"raise"``, or ``on_divergence(report)`` is called on every rank; identical non-finite
-    parameters are said the same way (never raised: the replicas agree); an unverified or out-of-step
-    check is said once per reason, by rank 0 and by a rank whose own listing or fingerprint failed (it
-    alone knows the error)."""
-    if report is None or report.outcome == "identical":
+def library_dirs():
+    """The folders whose frames are not the user's: this package's and the libraries'."""
+    from ..sites import top_level_packages
+
+    yield os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    for name in LIBRARY_PACKAGES + tuple(sorted(top_level_packages())):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            yield os.path.dirname(os.path.abspath(path)) + os.sep
+
+
+def summary(report):
+    """A check's outcome in a few words, for its info line (the report, if any, says the rest)."""
+    if report.outcome in ("identical", "nonfinite"):
+        # never "identical" about a tensor it did not compare
+        count = len(report.not_compared)
+        left_out = " (%d tensor%s not compared)" % (count, "" if count == 1 else "s") if count else ""
+        return ("identical" if report.outcome == "identical" else "identical, with non-finite values") + left_out
+    if report.outcome == "structure":
+        return "DIFFERENT (the replicas hold different models)"
+    if report.diverged:
+        return "DIFFERENT (%d of %d tensors)" % (report.diverged_count, report.compared_count)
+    return "not compared (%s)" % report.outcome.replace("_", " ")
+
+
+def info_line(report, held=None):
+    """``sync check of SGD over fc.weight, fc.bias at step 100: identical over ranks 0-3, 3.1 ms``."""
+    of = " of %s" % report.stream if report.stream else ""
+    return "sync check%s at step %s: %s over ranks %s%s" % (
+        of, report.step, summary(report), rank_ranges(range(report.world_size)),
+        "" if held is None else ", %.1f ms" % (held * 1000.0))
+
+
+def repeat_of(stream, report):
+    """Whether a divergence is said in full (None), in one short line (a string), or not at all (""): after a
+    full report, the same tensors differing on the same ranks are said in one line at every
+    :data:`REPEAT_EVERY`-th such check; other tensors or other ranks are said in full again."""
+    if stream is None or stream.checks < 0:
+        return None
+    seen = (report.outcome, tuple(report.names[i] for i in report.differing), tuple(tuple(v) for v in report.versions),
+            report.structure)
+    said = stream.said
+    if said is None or said["seen"] != seen:
+        stream.said = {"seen": seen, "step": report.step, "repeats": 0}
+        return None
+    said["repeats"] += 1
+    if said["repeats"] % REPEAT_EVERY:
+        return ""
+    return ("SyncCheck: at step %s the replicas%s still differ as said at step %s (%s, the same ranks; %d checks "
+            "since)." % (report.step, report._of(), said["step"],
+                         "the replicas hold different models" if report.outcome == "structure" else
+                         "%d of %d parameter tensors" % (report.diverged_count, report.compared_count),
+                         said["repeats"]))
+
+
+_said_once = set()
+
+
+def say_once(key, message, speaker=True, where=None):
+    """:func:`say` ``message`` unless ``key`` was said already by a rank in this process that speaks alike."""
+    key = (key, speaker)  # a silent rank saying it first must not silence the rank that speaks
+    if key in _said_once:
+        return
+    _said_once.add(key)
+    say(message, where, speaker)
+
+
+def act(report, on_divergence, rank=0, where=None, stream=None, held=None):
+    """What a check does with its report: the info line (rank 0); a set-aside note once; on divergence rank 0
+    says it (the others log at debug level; the same divergence again: :func:`repeat_of`), every rank raises
+    with ``"raise"``, or ``on_divergence(report)`` is called on every rank; identical non-finite parameters are
+    said the same way (never raised: the replicas agree); an unverified or out-of-step check is said once per
+    reason, by rank 0 and by a rank whose own listing or fingerprint failed (it alone knows the error)."""
+    if report is None:
+        return
+    info(info_line(report, held), rank)
+    speaker = rank == 0
+    if report.note and report.outcome != "unverified":  # an unverified report's reason is that note
+        say_once(("note", report.note), "SyncCheck: %s." % report.note, speaker, where)
+    if report.outcome == "identical":
         return
     if report.outcome in ("unverified", "out_of_step"):
-        speaker = bool(rank == 0 or report.local_error)
-        # once per reason and per speaker: replicas that are threads of one process (PJRT on TPU v2/v3) share
-        # this set, and a silent rank saying it first must not silence the rank that speaks
-        key = (report.outcome, report.reason, report._not_compared_note(), speaker)
-        if key not in _warned_once:
-            _warned_once.add(key)
-            _speak(report.message(), speaker, stacklevel, where)
+        speaker = bool(speaker or report.local_error)
+        say_once((report.outcome, report.reason, report._not_compared_note()), report.message(), speaker, where)
         return
     if report.outcome == "nonfinite":
-        _speak(report.message(), rank == 0, stacklevel, where)
+        say(report.message(), where, speaker)
         return
     if on_divergence == "raise":
         raise ReplicaDivergenceError(report.message(), report)
     if callable(on_divergence):
         on_divergence(report)
         return
-    _speak(report.message(), rank == 0, stacklevel, where)
+    repeat = repeat_of(stream, report)
+    if repeat is None:
+        say(report.message(), where, speaker)
+    elif repeat:
+        say(repeat, where, speaker)

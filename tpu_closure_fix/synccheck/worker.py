@@ -40,9 +40,7 @@ import os
 import sys
 import threading
 import time
-import warnings
 
-from ..config import TPUClosureFixWarning
 from . import comm
 
 #: Checks fingerprinted and not yet exchanged, at most (each holds one vector of about 80 kB): the memory bound.
@@ -192,10 +190,13 @@ def raise_proposal(step_then, time_then, step_now, time_now, lead=RAISE_LEAD):
 NOT_RAISING = 0
 
 
-def raise_round(report):
-    """Whether the ranks run the raise-step all-reduce after this verdict: whenever it diverged, on every rank
-    (the verdict is the same on every rank; each rank's own action is not: ranks may be told differently)."""
-    return bool(report.diverged)
+def raise_round(report, settled):
+    """Whether the ranks run the raise-step all-reduce after this verdict: when it diverged and the stream's
+    ranks have not yet agreed whether any of them raises (``settled``), on every rank (the verdict and the
+    stream's history are the same on every rank; each rank's own action is not: ranks may be told differently).
+    One round per stream answers it for good: each rank's action is read once, and the first divergence to
+    raise stands, so a stream that keeps diverging costs no collective more than a stream that agrees."""
+    return bool(report.diverged) and not settled
 
 
 def raise_vote(raising, step_then, time_then, step_now, time_now):
@@ -424,8 +425,9 @@ class Worker(object):
             report = compare.exchange(pending, job.tolerance if job.tolerance is not None
                                       else compare.DEFAULT_TOLERANCE)
             raise_at = None
-            if raise_round(report):
+            if raise_round(report, pending.stream.raise_settled):
                 raise_at = self._agree_raise_step(job)
+                pending.stream.raise_settled = True
         except comm.StoodDown as exc:
             self._break(exc, job)
             return
@@ -498,9 +500,10 @@ def _ranks(ranks):
 def _worker_failed(exc):
     _state["failed"] = "%s: %s" % (type(exc).__name__, exc)
     try:
-        warnings.warn_explicit("tpu-closure-fix: the sync check's worker thread failed (%s) and the zero-code "
-                               "check is now off; training goes on." % _state["failed"], TPUClosureFixWarning,
-                               __file__, 0, module=__name__)
+        from .report import say
+
+        say("tpu-closure-fix: the sync check's worker thread failed (%s) and the zero-code check is now off; "
+            "training goes on." % _state["failed"], where=(__file__, 0))
     except Exception:
         pass
 
@@ -639,12 +642,16 @@ def _watch_destroy():
     _destroy_wrapped.append(original)
 
     def destroy_process_group(group=None, *args, **kwargs):
-        if group is None or group is _default_group(dist):
+        default = group is None or group is _default_group(dist)
+        if default:
             try:
                 release()
             except Exception:
                 pass
-        return original(group, *args, **kwargs)
+        result = original(group, *args, **kwargs)
+        if default:
+            _end_of_job("destroy")  # a divergence to raise that the job ended before: raised here
+        return result
 
     destroy_process_group.__wrapped__ = original
     destroy_process_group.__doc__ = original.__doc__
@@ -661,6 +668,46 @@ def _default_group(dist):
         return None
 
 
+def _end_of_job(how):
+    """Hand the end of the job to the zero-code hook (a divergence to raise that was not raised yet)."""
+    hook = sys.modules.get(__package__ + ".hook")
+    if hook is not None:
+        hook.end_of_job(how)
+
+
+def _end_of_forked_child():
+    """A child forked by ``multiprocessing`` (torch's ``start_processes``: accelerate's debug and notebook
+    launchers, Lightning's ``ddp_fork``) ends with ``os._exit``: no interpreter exit, no ``atexit``. Its
+    process-end finalizers still run, and this is one of them: the checks handed over are answered (as at
+    exit), and a divergence to raise fails the child."""
+    finish()
+    _end_of_job("fork-exit")
+
+
+class _ForkToken(object):
+    """What ``multiprocessing.util.register_after_fork`` keys its callback by (a weakly referenced object)."""
+
+
+_FORK_TOKEN = _ForkToken()
+
+
+def _in_forked_child(_token):
+    """Run by ``multiprocessing`` in a forked child, after it cleared the parent's finalizers."""
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, _end_of_forked_child, exitpriority=10)
+
+
+def _watch_forks():
+    try:
+        import multiprocessing.util
+
+        multiprocessing.util.register_after_fork(_FORK_TOKEN, _in_forked_child)
+    except Exception:  # no multiprocessing here: nothing forks through it
+        pass
+
+
 atexit.register(finish)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+_watch_forks()

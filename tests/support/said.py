@@ -1,0 +1,60 @@
+"""What SyncCheck said: the records of its logger (``tpu_closure_fix.synccheck``), captured by a handler as a
+user's logging configuration would receive them.
+
+``with said() as heard:`` adds the handler for the block and lets DEBUG records through (the ranks that do not
+speak log their reports at DEBUG); ``heard.spoken`` are the messages said at WARNING or above (what a user sees),
+``heard.quiet`` those at DEBUG, ``heard.infos`` those at INFO. ``fresh()`` forgets what was said once per
+process, so a test sees its own once-only messages.
+"""
+import contextlib
+import logging
+
+LOGGER = "tpu_closure_fix.synccheck"
+
+
+class Heard(logging.Handler):
+    def __init__(self):
+        logging.Handler.__init__(self, logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    @staticmethod
+    def text(record):
+        return getattr(record, "sync_check_message", None) or record.getMessage()
+
+    def at(self, low, high=logging.CRITICAL):
+        return [self.text(r) for r in self.records if low <= r.levelno <= high]
+
+    @property
+    def spoken(self):
+        return self.at(logging.WARNING)
+
+    @property
+    def infos(self):
+        return self.at(logging.INFO, logging.INFO)
+
+    @property
+    def quiet(self):
+        return self.at(logging.DEBUG, logging.DEBUG)
+
+
+@contextlib.contextmanager
+def said(level=logging.DEBUG):
+    logger = logging.getLogger(LOGGER)
+    heard, previous = Heard(), logger.level
+    logger.addHandler(heard)
+    logger.setLevel(level)
+    try:
+        yield heard
+    finally:
+        logger.removeHandler(heard)
+        logger.setLevel(previous)
+
+
+def fresh():
+    """Forget the reports said once per process (a run before this test may have said them)."""
+    from tpu_closure_fix.synccheck import report
+
+    report._said_once.clear()
