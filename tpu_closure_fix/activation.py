@@ -59,7 +59,7 @@ class _StderrHandler(logging.StreamHandler):
         return sys.stderr
 
     def emit(self, record):
-        if _reaches_root_handlers(logging.getLogger("tpu_closure_fix")):
+        if _reaches_root_handlers(logging.getLogger(record.name)):
             return
         logging.StreamHandler.emit(self, record)
 

@@ -58,3 +58,46 @@ def fresh():
     from tpu_closure_fix.synccheck import report
 
     report._said_once.clear()
+
+
+class Spoken(object):
+    """One report said at WARNING or above, as the user's handler got it: ``message`` (the report alone),
+    ``filename``/``lineno`` (the user's line it points at), ``levelno``."""
+
+    def __init__(self, record):
+        self.message = Heard.text(record)
+        self.filename, self.lineno, self.levelno = record.pathname, record.lineno, record.levelno
+
+    def __repr__(self):
+        return "Spoken(%r at %s:%s)" % (self.message, self.filename, self.lineno)
+
+
+@contextlib.contextmanager
+def spoken():
+    """A list, filled while the block runs, of every report said at WARNING or above (:class:`Spoken`)."""
+    out = []
+    with said() as heard:
+        yield out
+        out.extend(Spoken(r) for r in heard.records if r.levelno >= logging.WARNING)
+
+
+class _Recorder(logging.Handler):
+    """Appends each report said at WARNING or above to ``seen`` as ``{"message", "category", "filename",
+    "lineno"}`` (``category``: the record's level name): a child process writes them into its JSON result."""
+
+    def __init__(self, seen):
+        logging.Handler.__init__(self, logging.WARNING)
+        self.seen = seen
+
+    def emit(self, record):
+        self.seen.append({"message": Heard.text(record), "category": record.levelname,
+                          "filename": record.pathname, "lineno": record.lineno})
+
+
+def record_into(seen):
+    """Record every SyncCheck report said at WARNING or above into the list ``seen`` (a child's harness).
+
+    A handler on the logger means Python's last-resort handler no longer writes the reports to stderr: a test
+    of what reaches stderr runs its child without this recorder."""
+    logging.getLogger(LOGGER).addHandler(_Recorder(seen))
+    return seen

@@ -44,6 +44,14 @@ def _record_warnings():
 
     warnings.showwarning = showwarning
     warnings.simplefilter("always", TPUClosureFixWarning)
+    from support.said import record_into
+
+    class Messages(list):  # SyncCheck's reports go out on its logger: their messages, as the warnings above
+        def append(self, entry):
+            with _lock:
+                _seen["warnings"].append(entry["message"])
+
+    record_into(Messages())
 
 
 def _forbid_collectives(xm):

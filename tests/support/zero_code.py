@@ -35,7 +35,9 @@ def record_warnings():
         original(message, category, filename, lineno, file, line)
 
     warnings.showwarning = show
-    return seen
+    from support.said import record_into
+
+    return record_into(seen)  # SyncCheck's reports go out on its logger
 
 
 def show_ours():

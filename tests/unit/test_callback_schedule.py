@@ -275,8 +275,7 @@ def test_a_divergence_is_said_by_rank_0_only(world):
     checks.verdicts[1] = "differ"
     for rank, said in ((0, 1), (1, 0)):
         channel.rank = rank
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
+        with spoken() as seen:
             fit(Probe(every=5), 1)
         assert len([w for w in seen if w.category is TPUClosureFixWarning]) == said, rank
 

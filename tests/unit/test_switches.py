@@ -106,7 +106,8 @@ def logger():
     private.handlers[:] = []
 
 
-def test_the_log_hook_sets_the_level_and_adds_one_stderr_handler(logger, capsys):
+def test_the_log_hook_sets_the_level_and_adds_one_stderr_handler(logger, capsys, monkeypatch):
+    monkeypatch.setattr(logging.root, "handlers", [])  # no logging configured (pytest's own capture taken out)
     for _ in range(3):  # import, reload, another activation: one handler
         assert activation.configure_logging({"TPU_CLOSURE_FIX_LOG": "Debug"}, logger) == logging.DEBUG
     assert logger.level == logging.DEBUG
@@ -117,6 +118,17 @@ def test_the_log_hook_sets_the_level_and_adds_one_stderr_handler(logger, capsys)
     assert out == "" and err == "DEBUG:%s:a message\n" % logger.name
     assert activation.configure_logging({"TPU_CLOSURE_FIX_LOG": "error"}, logger) == logging.ERROR
     assert logger.level == logging.ERROR and len(logger.handlers) == 1
+
+
+def test_twin_where_the_program_configured_logging_its_handlers_say_it_once_the_hook_stays_silent(
+        logger, capsys, monkeypatch):
+    import io
+
+    configured = io.StringIO()
+    monkeypatch.setattr(logging.root, "handlers", [logging.StreamHandler(configured)])
+    activation.configure_logging({"TPU_CLOSURE_FIX_LOG": "info"}, logger)
+    logger.info("a message")
+    assert capsys.readouterr().err == "" and configured.getvalue() == "a message\n"
 
 
 @pytest.mark.parametrize("environ", [{}, {"TPU_CLOSURE_FIX_LOG": ""}, {"TPU_CLOSURE_FIX_LOG": " "}])

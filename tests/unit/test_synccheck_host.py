@@ -17,7 +17,6 @@ torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: n
 
 import torch.distributed  # noqa: E402,F401  (the real one: no process group in this process)
 
-from tpu_closure_fix.config import TPUClosureFixWarning  # noqa: E402
 from tpu_closure_fix.synccheck import comm, compare, worker  # noqa: E402
 from tpu_closure_fix.synccheck import hook as synchook  # noqa: E402
 
@@ -145,13 +144,17 @@ def test_a_bad_port_is_said_with_the_accepted_values(raw):
     assert "Using 29501." in flat and "`unset %s` (port 29501)" % comm.PORT_VAR in flat
 
 
-def test_a_bad_port_is_warned_once_when_armed(monkeypatch, recwarn):
+def test_a_bad_port_is_warned_once_when_armed(monkeypatch):
+    from support.said import fresh, spoken
+
+    fresh()
     monkeypatch.setattr(comm, "_said_ports", set())
     monkeypatch.setattr(synchook, "arm", lambda *args: None)
     environ = {"TPU_CLOSURE_FIX_SYNC_CHECK": "3", comm.PORT_VAR: "http"}
-    synchook.arm_from_environment(environ)
-    comm.store_port(environ)  # the store made later says nothing again
-    said = [str(w.message) for w in recwarn if issubclass(w.category, TPUClosureFixWarning)]
+    with spoken() as seen:
+        synchook.arm_from_environment(environ)
+        comm.store_port(environ)  # the store made later says nothing again
+    said = [w.message for w in seen]
     assert len(said) == 1 and comm.PORT_VAR in said[0] and "12356" in said[0]
 
 

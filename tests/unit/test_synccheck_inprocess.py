@@ -7,16 +7,15 @@ in milliseconds; the same over real gloo processes is tests/unit/test_synccheck_
 """
 import threading
 import types
-import warnings
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
 
-from tpu_closure_fix.config import TPUClosureFixWarning  # noqa: E402
 from tpu_closure_fix.synccheck import (ReplicaDivergenceError, callback, check_sync, comm, compare,  # noqa: E402
                                        compare_replicas, fingerprint, report)
 
+from support.said import fresh, spoken  # noqa: E402
 from support.thread_ranks import ThreadChannel, ThreadWorld, fit, run_threads  # noqa: E402
 
 
@@ -65,14 +64,13 @@ def test_one_process_compares_nothing(monkeypatch):
     monkeypatch.setattr(fingerprint, "local_vector", lambda *a, **k: made.append(a))
     monkeypatch.setattr(comm, "channel", lambda timeout=None: None)
     net = torch.nn.Linear(2, 2)
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with spoken() as seen:
         assert check_sync(net, 0) is None and check_sync(net, 1) is None and check_sync(net, 100) is None
         assert compare_replicas(net, 3) is None
         cb = _Probe(every=1)
         fit(cb, 3, net)
     assert made == [] and cb.reports == [] and cb.last_report is None
-    assert not [w for w in seen if w.category is TPUClosureFixWarning]
+    assert seen == []
 
 
 def test_one_process_with_a_process_group_of_one_compares_nothing(tmp_path, monkeypatch):
@@ -95,13 +93,13 @@ def test_one_process_with_a_process_group_of_one_compares_nothing(tmp_path, monk
 # --------------------------------------------------------------------------- two replicas as threads
 def _on_threads(monkeypatch, size, body):
     """``body(rank)`` on ``size`` threads, ``comm.channel()`` answering each with its own channel; returns
-    (results by rank, TPUClosureFixWarning texts by rank)."""
+    (results by rank, the texts each rank said at warning level)."""
     world = ThreadWorld(size)
     local = threading.local()
     monkeypatch.setattr(comm, "channel", lambda timeout=None: getattr(local, "channel", None))
     out, said, errors = [None] * size, [[] for _ in range(size)], []
-    monkeypatch.setattr(report, "_say", lambda message, speak, stacklevel=3: said[local.channel.rank].append(
-        message) if speak else None)
+    monkeypatch.setattr(report, "say", lambda message, where=None, speaker=True, level=None: said[
+        local.channel.rank].append(message) if speaker else None)
 
     def main(rank):
         local.channel = ThreadChannel(world, rank)
@@ -132,7 +130,7 @@ def _net(seed):
 @pytest.fixture(autouse=True)
 def _nothing_said_before(monkeypatch):
     """Each test starts with no reason already said (report says each unverified reason once per process)."""
-    monkeypatch.setattr(report, "_warned_once", set())
+    fresh()
 
 
 def test_check_sync_on_identical_replicas_says_nothing(monkeypatch):
@@ -150,10 +148,6 @@ def test_check_sync_only_at_due_steps(monkeypatch):
     assert out == [[0, 1, 3, 6]] * 2
 
 
-NOT_REPLICAS = ("differ at the first check (step 1): replicas that started different, or tensors that are not "
-                "replicas by design")
-
-
 def test_check_sync_on_differing_declared_replicas_warns_from_rank_0_only(monkeypatch):
     out, said = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1, replicas="world"))
     assert [r.outcome for r in out] == ["differ", "differ"]
@@ -161,29 +155,24 @@ def test_check_sync_on_differing_declared_replicas_warns_from_rank_0_only(monkey
     assert "0.weight" in said[0][0]
 
 
-def test_twin_check_sync_on_a_bare_model_that_started_different_notes_it_once(monkeypatch):
-    """No layout declared (the default ``auto``): one warning-level note from rank 0, no divergence."""
+def test_check_sync_on_a_bare_model_is_the_users_declaration_a_difference_at_the_first_check_differs(monkeypatch):
+    """The default ``auto`` with no layout: calling check_sync declares the replicas, so replicas that started
+    different are a divergence (``report.diverged``; ``report.in_sync`` false), said by rank 0 alone."""
     out, said = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1))
-    assert [(r.outcome, r.rule, r.diverged) for r in out] == [("unverified", "apart", False)] * 2
-    assert len(said[0]) == 1 and NOT_REPLICAS in said[0][0] and said[1] == []
+    assert [(r.outcome, r.diverged, r.in_sync) for r in out] == [("differ", True, False)] * 2
+    assert len(said[0]) == 1 and "0.weight" in said[0][0] and said[1] == []
 
 
-def test_a_bare_model_apart_from_its_first_check_is_said_once_and_never_compared_again(monkeypatch):
-    runs = []
-    real = compare.run
-    monkeypatch.setattr(compare, "run", lambda *args, **kwargs: runs.append(1) or real(*args, **kwargs))
-
+def test_the_same_divergence_at_every_check_is_said_once_then_one_line_every_10th(monkeypatch):
     def body(rank):
         net = _net(rank)
-        later = [check_sync(net, step, every=5) for step in (0, 1, 5)]
-        return later + [check_sync(net, 10, every=5, replicas="world")]  # declared now: compared, and differs
+        return [check_sync(net, step, every=1) for step in range(0, 22)]
 
     out, said = _on_threads(monkeypatch, 2, body)
-    assert [[r.outcome for r in reports] for reports in out] == [["unverified"] * 3 + ["differ"]] * 2
-    assert [r.step for r in out[0]] == [0, 1, 5, 10] and out[0][2].reason == out[0][0].reason
-    assert len(runs) == 2 * 2  # per rank: the first check and the declared one; no collective between
-    assert len(said[0]) == 2 and NOT_REPLICAS.replace("at the first check (step 1)", "before the first update") \
-        in said[0][0]
+    assert all(r.outcome == "differ" for r in out[0]) and len(out[0]) == 22
+    assert len(said[0]) == 3 and "4 of 4 parameter tensors" in said[0][0] and said[1] == []
+    assert "still differ as said at step 0" in said[0][1] and "(10 checks since)" not in said[0][1]
+    assert said[0][1].startswith("SyncCheck: at step 10 ") and said[0][2].startswith("SyncCheck: at step 20 ")
 
 
 def test_check_sync_raise_raises_on_every_rank_over_declared_replicas(monkeypatch):
@@ -193,9 +182,14 @@ def test_check_sync_raise_raises_on_every_rank_over_declared_replicas(monkeypatc
     assert out[0].report.outcome == "differ"
 
 
-def test_twin_check_sync_raise_on_a_bare_model_that_started_different_never_raises(monkeypatch):
-    out, said = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1, on_divergence="raise"))
-    assert [r.outcome for r in out] == ["unverified", "unverified"] and len(said[0]) == 1
+def test_check_sync_raise_on_a_bare_model_that_started_different_raises_on_every_rank(monkeypatch):
+    out, _ = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(rank), 1, on_divergence="raise"))
+    assert all(isinstance(r, ReplicaDivergenceError) for r in out)
+
+
+def test_twin_check_sync_raise_on_a_bare_model_in_sync_never_raises(monkeypatch):
+    out, said = _on_threads(monkeypatch, 2, lambda rank: check_sync(_net(0), 1, on_divergence="raise"))
+    assert [(r.outcome, r.in_sync) for r in out] == [("identical", True)] * 2 and said == [[], []]
 
 
 def test_check_sync_callable_receives_the_report(monkeypatch):
@@ -290,16 +284,23 @@ def test_the_callback_on_declared_replicas_that_started_different(monkeypatch, d
     out, said = _on_threads(monkeypatch, 2, lambda rank: fit(_Probe(every=5, replicas=replicas), 1, _net(rank),
                                                              **declared).reports)
     assert [r.outcome for r in out[0]] == ["differ", "differ"] and out[0][0].started_different
-    assert len(said[0]) == 2 and said[1] == []
+    assert len(said[0]) == 1 and said[1] == []  # the check after step 1 finds the same divergence: not said again
     assert "of Sequential" in said[0][0]  # the report names what the callback compared
 
 
 @pytest.mark.parametrize("strategy", [None, DeepSpeedStrategy()], ids=["no-strategy", "deepspeed"])
-def test_twin_the_callback_on_a_bare_model_that_started_different_notes_it_once(monkeypatch, strategy):
+def test_the_callback_on_a_bare_model_compares_it_over_the_world_whatever_the_strategy(monkeypatch, strategy):
+    """Adding the callback declares the replicas: with no layout, every parameter is compared over the world."""
     out, said = _on_threads(monkeypatch, 2, lambda rank: fit(_Probe(every=5), 1, _net(rank),
                                                              strategy=strategy).reports)
-    assert [(r.outcome, r.rule) for r in out[0]] == [("unverified", "apart")]  # nothing left: no later check
-    assert len(said[0]) == 1 and said[1] == [] and "replicas that started different" in said[0][0]
+    assert [(r.outcome, r.rule, r.in_sync) for r in out[0]] == [("differ", None, False)] * 2
+    assert len(said[0]) == 1 and said[1] == []
+
+
+@pytest.mark.parametrize("strategy", [None, DeepSpeedStrategy()], ids=["no-strategy", "deepspeed"])
+def test_twin_the_callback_on_a_bare_model_in_sync_is_in_sync(monkeypatch, strategy):
+    out, said = _on_threads(monkeypatch, 2, lambda rank: fit(_Probe(every=5), 1, _net(0), strategy=strategy).reports)
+    assert [(r.outcome, r.in_sync) for r in out[0]] == [("identical", True)] * 2 and said == [[], []]
 
 
 def test_the_callback_raise_option_raises_at_the_first_check(monkeypatch):
@@ -308,15 +309,15 @@ def test_the_callback_raise_option_raises_at_the_first_check(monkeypatch):
     assert all(isinstance(r, ReplicaDivergenceError) and r.report.step == 0 for r in out)
 
 
-def test_twin_the_callback_raise_option_on_a_bare_model_never_raises(monkeypatch):
-    out, _ = _on_threads(monkeypatch, 2, lambda rank: fit(_Probe(on_divergence="raise"), 1, _net(rank)).reports)
-    assert [[r.outcome for r in reports] for reports in out] == [["unverified"]] * 2
+def test_the_callback_raise_option_on_a_bare_model_raises_too(monkeypatch):
+    out, _ = _on_threads(monkeypatch, 2, lambda rank: fit(_Probe(on_divergence="raise"), 1, _net(rank)))
+    assert all(isinstance(r, ReplicaDivergenceError) and r.report.step == 0 for r in out)
 
 
 def test_the_callback_stand_down_names_the_module_never_the_stream_key(monkeypatch):
     said = []
     monkeypatch.setattr(comm, "channel", lambda timeout=None: ThreadChannel(ThreadWorld(2), 0, agree=False))
-    monkeypatch.setattr(report, "_say", lambda message, speak, stacklevel=3: said.append(message))
+    monkeypatch.setattr(report, "say", lambda message, where=None, speaker=True, level=None: said.append(message))
     cb = fit(_Probe(every=5), 3, _net(0))
     assert [r.outcome for r in cb.reports] == ["unverified"]  # then the callback stands down: no more checks
     assert len(said) == 1 and "callback/" not in said[0], said

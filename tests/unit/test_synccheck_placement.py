@@ -206,16 +206,21 @@ def test_a_declared_group_places_a_plain_tensor():
     assert (where.pattern, where.coordinate, where.declared) == (("ranks", 4), 0, True)
 
 
-@pytest.mark.parametrize("declared, rule, placed", [
-    (groups.WORLD, None, True), (groups.AUTO, None, False), (groups.AUTO, groups.RULE_WORLD, True),
-    (groups.WORLD, groups.RULE_APART, True)])
-def test_the_world_is_declared_unless_auto_has_not_decided_yet(declared, rule, placed):
-    where = groups.placement(torch.zeros(2), 0, declared=declared, rule=rule)
+@pytest.mark.parametrize("declared, placed", [(groups.WORLD, True), (groups.AUTO, False), ((0, 1), True)])
+def test_the_world_is_declared_unless_auto_leaves_it_to_the_tensors_first_look(declared, placed):
+    where = groups.placement(torch.zeros(2), 0, world=2, declared=declared)
     assert (where.pattern, where.declared) == (("world",), placed)
 
 
-def test_auto_after_a_first_check_that_differed_is_not_compared():
-    assert groups.placement(torch.zeros(2), 0, declared=groups.AUTO, rule=groups.RULE_APART) == groups.APART
+def test_a_tensor_set_aside_is_still_placed_the_same_the_decision_is_applied_at_the_exchange():
+    """A layout computed before a first look and one computed after it are the same on every rank."""
+    from tpu_closure_fix.synccheck import decisions
+
+    tensor = torch.zeros(2)
+    before = groups.placement(tensor, 0, declared=groups.AUTO)
+    decisions.record(tensor, decisions.APART)
+    after = groups.placement(tensor, 0, declared=groups.AUTO)
+    assert (before.pattern, before.declared) == (after.pattern, after.declared) == (("world",), False)
 
 
 def test_the_layout_lists_the_undecided_tensors():

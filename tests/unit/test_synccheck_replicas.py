@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
 
 from support import ranks, synccheck_corpus  # noqa: E402  (after the skip: needs torch)
+from support.said import fresh, spoken  # noqa: E402
 from tpu_closure_fix import synccheck  # noqa: E402  (after the skip: needs torch)
 from tpu_closure_fix.synccheck import comm, compare, fingerprint, groups, report as reports  # noqa: E402
 
@@ -330,28 +331,24 @@ def test_only_rank_0_warns_of_a_divergence_the_others_log_and_raise_is_everywher
     assert "between step 4 (identical) and step 9" in report.message()
     assert "rank 0 holds one version; rank 1 holds another" in report.message()
     for rank, warned in ((0, 1), (1, 0)):
-        with warnings.catch_warnings(record=True) as seen, caplog.at_level(logging.DEBUG, "tpu_closure_fix.synccheck"):
-            warnings.simplefilter("always")
+        fresh()
+        with spoken() as seen, caplog.at_level(logging.DEBUG, "tpu_closure_fix.synccheck"):
             caplog.clear()
             reports.act(report, "warn", rank=rank)
-        assert len(seen) == warned and len(caplog.records) == 1 - warned, rank
+        reported = [r for r in caplog.records if "hold different parameters" in r.getMessage()]
+        assert len(seen) == warned and len(reported) == 1 and reported[0].levelno == (30 if warned else 10), rank
         with pytest.raises(synccheck.ReplicaDivergenceError):
             reports.act(report, "raise", rank=rank)
 
 
 def test_agreeing_nonfinite_replicas_warn_but_never_raise_nor_call_back():
-    import warnings
-
-    from tpu_closure_fix.config import TPUClosureFixWarning
-
     called = []
     report = _report("nonfinite", differing=[], nonfinite=[0])
     assert not report.diverged
     for mode in ("raise", called.append):
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
+        with spoken() as seen:
             reports.act(report, mode)
-        assert [w.category for w in seen] == [TPUClosureFixWarning] and "not a divergence" in str(seen[0].message)
+        assert len(seen) == 1 and "not a divergence" in str(seen[0].message)
     assert called == []
 
 
@@ -359,8 +356,6 @@ def test_agreeing_nonfinite_replicas_warn_but_never_raise_nor_call_back():
 def test_an_unverified_check_is_said_once_per_reason_by_rank_0_or_the_failing_rank_and_never_raises(
         rank, local_error, said):
     import logging
-    import warnings
-
     import uuid
 
     # a reason never said before in this process (warned once per reason: id() of a temporary repeats)
@@ -374,15 +369,15 @@ def test_an_unverified_check_is_said_once_per_reason_by_rank_0_or_the_failing_ra
     old_level = logger.level
     logger.setLevel(logging.DEBUG)
     try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
+        with spoken() as seen:
             reports.act(report, "raise", rank=rank)
             reports.act(report, "raise", rank=rank)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
     assert len(seen) == said and all("could not compare" in str(w.message) for w in seen)
-    assert len(logged) == 1 - said  # the others log it once at debug level
+    quiet = [r for r in logged if r.levelno == logging.DEBUG and "could not compare" in r.getMessage()]
+    assert len(quiet) == 1 - said  # the others log it once at debug level
 
 
 def test_a_structure_mismatch_raises_with_raise():

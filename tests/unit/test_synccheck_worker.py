@@ -234,27 +234,32 @@ def test_the_worker_stops_within_its_bound_and_leaves_no_thread():
     assert not running.submit(object())  # a stopped worker takes nothing
 
 
-def test_a_failure_inside_the_worker_is_said_once_and_no_check_is_taken_after(monkeypatch, recwarn):
+def test_a_failure_inside_the_worker_is_said_once_and_no_check_is_taken_after(monkeypatch):
+    from support.said import spoken
+
     monkeypatch.setitem(worker._state, "failed", None)
     monkeypatch.setattr(worker, "_workers", {})
     broken = worker.Worker()
     monkeypatch.setattr(broken, "_agree", lambda: 1 / 0)
     broken.pending["x"] = object()  # something pending: the loop polls at once
-    broken.start().thread.join(10)
+    with spoken() as seen:
+        broken.start().thread.join(10)
     assert not broken.thread.is_alive() and worker.failed()
-    said = [str(w.message) for w in recwarn if "worker thread failed" in str(w.message)]
+    said = [w.message for w in seen if "worker thread failed" in w.message]
     assert said == ["tpu-closure-fix: the sync check's worker thread failed (ZeroDivisionError: division by zero) "
                     "and the zero-code check is now off; training goes on."]
     assert worker.submit(object()) is False and worker._workers == {}
 
 
 # --------------------------------------------------------------------------- raise: every rank at the same step
-def test_the_raise_round_runs_whenever_the_verdict_diverged():
+def test_the_raise_round_runs_once_per_stream_when_the_verdict_diverged():
     class Verdict(object):
         def __init__(self, diverged):
             self.diverged = diverged
 
-    assert worker.raise_round(Verdict(True)) is True and worker.raise_round(Verdict(False)) is False
+    assert worker.raise_round(Verdict(True), settled=False) is True
+    assert worker.raise_round(Verdict(False), settled=False) is False
+    assert worker.raise_round(Verdict(True), settled=True) is False  # the ranks agreed already for this stream
 
 
 def test_a_rank_not_raising_votes_the_sentinel_and_never_raises():

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import sysconfig
 import types
-import warnings
 
 import pytest
 
@@ -24,11 +23,11 @@ if not hasattr(importlib.import_module("torch.optim.optimizer"), "register_optim
                 % torch.__version__, allow_module_level=True)
 
 from support import ports  # noqa: E402  (after the skip: needs torch)
+from support.said import fresh, spoken  # noqa: E402
 from test_startup import standin  # noqa: E402,F401  (the fixture: a folder with an empty torch_xla package)
 from tpu_closure_fix import config, synccheck  # noqa: E402  (after the skip: needs torch)
 from tpu_closure_fix.synccheck import comm, compare, groups  # noqa: E402
 from tpu_closure_fix.synccheck import hook as synchook  # noqa: E402
-from tpu_closure_fix.config import TPUClosureFixWarning  # noqa: E402  (after the skip: needs torch)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TESTS = os.path.join(REPO, "tests")
@@ -38,11 +37,11 @@ TESTS = os.path.join(REPO, "tests")
 def disarmed():
     """Every test starts and ends with the check disarmed, no warning remembered and no check seen."""
     synchook.disarm()
-    synchook._warned.clear()
+    fresh()
     synchook.seen.update(checks=0, last_report=None)
     yield
     synchook.disarm()
-    synchook._warned.clear()
+    fresh()
 
 
 def sgd(n=2):
@@ -139,18 +138,18 @@ class _Optimizer(object):
 
 def test_a_bad_value_warns_once_and_stays_off():
     environ = {"TPU_CLOSURE_FIX_SYNC_CHECK": "ten"}
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with spoken() as seen:
         assert synchook.arm_from_environment(environ) == 0
         assert synchook.arm_from_environment(environ) == 0
-    assert [w.category for w in seen] == [TPUClosureFixWarning]
+    assert len(seen) == 1
     assert synchook.armed_every() == 0
 
 
 def test_a_bad_action_warns_and_arms_with_warn():
     environ = {"TPU_CLOSURE_FIX_SYNC_CHECK": "4", "TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE": "halt"}
-    with pytest.warns(TPUClosureFixWarning, match="ON_DIVERGENCE='halt'"):
+    with spoken() as seen:
         assert synchook.arm_from_environment(environ) == 4
+    assert len(seen) == 1 and "ON_DIVERGENCE='halt'" in seen[0].message
     assert synchook.armed_every() == 4 and synchook._armed["action"] == "warn"
 
 
@@ -179,8 +178,7 @@ def test_torch_without_the_global_hook_gets_one_warning():
         pass
 
     synchook._armed["every"] = 5
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with spoken() as seen:
         synchook._register(OldTorchOptim())
         synchook._register(OldTorchOptim())
     assert len(seen) == 1 and "needs torch >= 2.0" in str(seen[0].message)
@@ -320,17 +318,55 @@ def test_warn_points_at_the_line_that_stepped(verdict):
     verdict(diverged_report)
     synchook.arm(2)
     optimizer = sgd()
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with spoken() as seen:
         step(optimizer)
         step(optimizer)
         step(optimizer)
-    assert [w.category for w in seen] == [TPUClosureFixWarning] * 3
-    assert ["at step %d" % n in str(w.message) for n, w in zip((0, 1, 2), seen)] == [True] * 3
-    for warning in seen:  # the check before the update and those after it alike
-        assert warning.filename == os.path.abspath(__file__) and "optimizer.step()" in open(__file__).readlines()[
-            warning.lineno - 1]
+    assert len(seen) == 1 and "at step 0" in seen[0].message  # steps 1 and 2: the same divergence, said once
+    assert seen[0].filename == os.path.abspath(__file__) and "optimizer.step()" in open(__file__).readlines()[
+        seen[0].lineno - 1]
     assert synchook.seen["last_report"].step == 2 and synchook.seen["checks"] == 3
+
+
+def _differing(names):
+    """A verdict: the tensors ``names`` (of w, v, u) differ, rank 0 against rank 1."""
+    def made(step_number):
+        listed = ["w", "v", "u"]
+        return synccheck.SyncReport(step_number, 2, "torch.distributed", listed, [0.5] * 3, [0.1] * 3, 1e-6,
+                                    outcome="differ", differing=[listed.index(n) for n in names],
+                                    versions=[[0], [1]])
+    return made
+
+
+def test_the_same_divergence_again_is_one_short_line_every_10th_check_a_change_is_said_in_full(verdict):
+    verdict(_differing(["w"]))
+    synchook.arm(1)
+    optimizer = sgd()
+    with spoken() as seen:
+        for _ in range(21):
+            step(optimizer)  # checks at steps 0 .. 21: 22 checks of the same divergence
+    assert [m.message.split(":")[0] for m in seen] == ["SyncCheck"] * 3
+    assert "1 of 3 parameter tensors" in seen[0].message and "Build the model" not in seen[1].message
+    assert seen[1].message.startswith("SyncCheck: at step 10 the replicas of SGD over ") and \
+        "still differ as said at step 0 (1 of 3 parameter tensors, the same ranks; 10 checks since)" in seen[1].message
+    assert "at step 20 " in seen[2].message and "20 checks since" in seen[2].message
+    verdict(_differing(["w", "v"]))  # another tensor differs now: said in full at once
+    with spoken() as seen:
+        step(optimizer)
+    assert len(seen) == 1 and "2 of 3 parameter tensors" in seen[0].message
+
+
+def test_twin_with_the_report_said_every_time_each_divergence_would_be_a_paragraph(verdict, monkeypatch):
+    from tpu_closure_fix.synccheck import report
+
+    monkeypatch.setattr(report, "repeat_of", lambda stream, said: None)
+    verdict(_differing(["w"]))
+    synchook.arm(1)
+    optimizer = sgd()
+    with spoken() as seen:
+        for _ in range(5):
+            step(optimizer)
+    assert len(seen) == 6
 
 
 def test_only_rank_0_warns_the_others_log_at_debug_level(verdict, caplog):
@@ -338,12 +374,12 @@ def test_only_rank_0_warns_the_others_log_at_debug_level(verdict, caplog):
 
     verdict(diverged_report, rank=1)
     synchook.arm(1)
-    with warnings.catch_warnings(record=True) as seen, caplog.at_level(logging.DEBUG, "tpu_closure_fix.synccheck"):
-        warnings.simplefilter("always")
+    with spoken() as seen, caplog.at_level(logging.DEBUG, "tpu_closure_fix.synccheck"):
         step(sgd())
     assert seen == [] and synchook.seen["last_report"].diverged
-    debug = [r.name for r in caplog.records if r.levelno == logging.DEBUG]  # the info lines say each check ran
-    assert debug == ["tpu_closure_fix.synccheck"] * 2  # steps 0 and 1
+    debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    assert len([m for m in debug if m.startswith("sync check of SGD over ")]) == 2  # each check's info line
+    assert len([m for m in debug if "hold different parameters" in m]) == 1  # the report, once (then: the same)
     assert "at step 0" in caplog.text and "at step 1" in caplog.text
 
 
@@ -360,10 +396,9 @@ def test_raise_stops_the_step_on_every_rank(verdict, rank):
 def test_replicas_in_sync_no_warning(verdict):
     verdict(lambda n: synccheck.SyncReport(n, 2, "torch.distributed", ["w"], [0.0], [0.0], 1e-6))
     synchook.arm(1, "raise")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with spoken() as seen:
         step(sgd())
-    assert synchook.seen["last_report"].diverged is False
+    assert synchook.seen["last_report"].diverged is False and seen == []
 
 
 def test_a_stream_that_stood_down_is_not_checked_again_and_training_goes_on(monkeypatch):
@@ -381,8 +416,7 @@ def test_a_stream_that_stood_down_is_not_checked_again_and_training_goes_on(monk
     monkeypatch.setattr(compare, "run", stood_down)
     synchook.arm(1)
     probe, model = sgd(), sgd(3)
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with spoken() as seen:
         for _ in range(3):
             step(probe)
         step(model)
@@ -400,8 +434,7 @@ def test_two_streams_standing_down_for_the_same_reason_are_each_named(monkeypatc
 
     monkeypatch.setattr(compare, "run", stood_down)
     synchook.arm(1)
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with spoken() as seen:
         step(sgd())
         step(sgd(3))
     assert len(seen) == 2 and all("stands down" in str(w.message) for w in seen)
@@ -414,8 +447,7 @@ def test_a_failure_in_the_check_warns_once_disarms_and_training_goes_on(verdict)
     verdict(broken)
     synchook.arm(1)
     optimizer = sgd()
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with spoken() as seen:
         for _ in range(3):
             step(optimizer)
     assert len(seen) == 1 and "failed (RuntimeError: collective unavailable) and is now off" in str(seen[0].message)
@@ -455,12 +487,13 @@ def startup_run(standin, **variables):
     proc = subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, timeout=120,
                           cwd=standin)
     assert proc.returncode == 0, proc.stderr
-    ours = []  # each of our warnings, its indented lines joined to it
+    ours = []  # each of our reports, its indented lines joined to it
     for line in proc.stderr.splitlines():
-        if "TPUClosureFixWarning" in line:
-            ours.append(line)
-        elif ours and line.startswith("    "):
+        if ours and line.startswith("    "):
             ours[-1] += " " + line.strip()
+        elif line.strip():
+            ours.append(line)
+    ours = [said for said in ours if "TPU_CLOSURE_FIX" in said]
     return json.loads(proc.stdout.strip().splitlines()[-1]), ours
 
 
@@ -500,11 +533,10 @@ def test_two_replicas_without_reduction_warn_at_steps_1_and_10_and_reduced_ones_
         assert last["backend"] == "torch.distributed" and last["diverged"] and last["step"] == 10, last
         assert last["versions"] == [[0], [1]] and last["identical_at"] == 0, last  # the same start, then apart
         if rank == 0:
-            first, tenth = diverging["warnings"]
-            assert "step 1" in first["message"] and "step 10" in tenth["message"], diverging["warnings"]
-            assert "rank 0 holds one version; rank 1 holds another" in tenth["message"], tenth
-            for warning in (first, tenth):
-                assert warning["filename"] == os.path.join(TESTS, "support", "zero_code.py"), warning
+            (first,) = diverging["warnings"]  # the check at step 10 finds the same divergence: not said again
+            assert "step 1" in first["message"], diverging["warnings"]
+            assert "rank 0 holds one version; rank 1 holds another" in first["message"], first
+            assert first["filename"] == os.path.join(TESTS, "support", "zero_code.py"), first
         else:
             assert diverging["warnings"] == [], diverging
         # checks at steps 0, 1 and 10 of each run: 3 + 3 in the process
@@ -563,7 +595,7 @@ def test_each_check_says_its_outcome_in_one_info_line(verdict, caplog):
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert len(lines) == 2 and all(r.name.startswith("tpu_closure_fix.") for r in caplog.records), lines
     for n, line in zip((0, 1), lines):
-        assert re.fullmatch(r"sync check at step %d: identical over 2 replicas, \d+\.\d ms" % n, line), line
+        assert re.fullmatch(r"sync check at step %d: identical over ranks 0-1, \d+\.\d ms" % n, line), line
 
 
 def test_an_info_line_says_how_many_tensors_it_did_not_compare(verdict, caplog):
@@ -575,7 +607,7 @@ def test_an_info_line_says_how_many_tensors_it_did_not_compare(verdict, caplog):
     with caplog.at_level(logging.INFO, "tpu_closure_fix"):
         step(sgd())
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-    assert lines and all(": identical (1 tensor not compared) over 2 replicas" in line for line in lines), lines
+    assert lines and all(": identical (1 tensor not compared) over ranks 0-1" in line for line in lines), lines
 
 
 def test_a_differing_check_says_so_in_its_info_line(verdict, caplog):
@@ -583,11 +615,11 @@ def test_a_differing_check_says_so_in_its_info_line(verdict, caplog):
 
     verdict(diverged_report)
     synchook.arm(1)
-    with caplog.at_level(logging.INFO, "tpu_closure_fix"), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with caplog.at_level(logging.INFO, "tpu_closure_fix"):
         step(sgd())
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-    assert lines and all(line.startswith("sync check at step ") and ": DIFFERENT (" in line for line in lines), lines
+    assert lines and all(line.startswith("sync check of SGD over ") and ": DIFFERENT (" in line for line in lines), \
+        lines
 
 
 # --------------------------------------------------------------------------- handed to the worker
@@ -615,13 +647,11 @@ def handed(monkeypatch):
 def test_with_a_process_group_the_training_thread_only_hands_checks_over(handed):
     synchook.arm(1, "warn")
     optimizer = sgd()
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with spoken() as seen:
         step(optimizer)  # the check before the update, and the one after step 1
     assert [job.pending.step for job in handed] == [0, 1] and seen == []
     assert synchook.seen["checks"] == 0  # no verdict yet: nothing was waited for
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with spoken() as seen:
         handed[1].deliver(diverged_report(1), None)
     assert len(seen) == 1 and "step 1" in str(seen[0].message) and seen[0].filename == os.path.abspath(__file__)
     assert "optimizer.step()" in open(__file__).readlines()[seen[0].lineno - 1]  # the line that stepped
@@ -631,8 +661,7 @@ def test_raise_comes_at_the_agreed_step_and_the_first_divergence_stands(handed):
     synchook.arm(1, "raise")
     optimizer = sgd()
     step(optimizer)
-    with warnings.catch_warnings(record=True) as seen:  # rank 0 says it at the verdict
-        warnings.simplefilter("always")
+    with spoken() as seen:  # rank 0 says it at the verdict
         handed[1].deliver(diverged_report(1), 3)
     assert len(seen) == 1 and str(seen[0].message).endswith("Every rank raises ReplicaDivergenceError at its "
                                                             "optimizer step 3.")
@@ -647,8 +676,7 @@ def test_a_check_that_stands_down_is_said_once_per_optimizer_naming_it(handed):
     synchook.arm(1, "warn")
     optimizer = sgd()
     step(optimizer)
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with spoken() as seen:
         handed[0].stand_down(comm.StoodDown("rank 0 reached it, rank 1 did not within 5s"))
         handed[1].stand_down(comm.StoodDown("another reason"))
     assert len(seen) == 1, [str(w.message) for w in seen]
@@ -668,14 +696,13 @@ def test_checks_handed_over_before_a_first_check_that_left_nothing_to_compare_sa
 
     def apart(step_number):
         return synccheck.SyncReport(step_number, 2, "torch.distributed", ["param_groups[0][0]"], outcome="unverified",
-                                    reason=compare._apart_reason(step_number, 1),
+                                    reason=compare._apart_reason(step_number, ["param_groups[0][0]"]),
                                     not_compared=[("param_groups[0][0]", groups.APART)], rule=groups.RULE_APART)
 
     synchook.arm(1, "raise")
     optimizer = sgd()
     step(optimizer)  # the check before the update, and the one after step 1
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
+    with spoken() as seen:
         handed[0].deliver(apart(0), None)
         handed[1].deliver(apart(1), None)
     assert len(seen) == 1 and "before the first update" in str(seen[0].message), [str(w.message) for w in seen]

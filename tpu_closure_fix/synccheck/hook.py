@@ -369,6 +369,8 @@ def _check(optimizer, stream, step):
         _say_once(("stood down", stream.key, str(exc)), "tpu-closure-fix: the zero-code sync check stands down "
                   "for %s at step %d: %s. Training goes on." % (_label(optimizer, stream), step, exc), where)
         return
+    if report is None:
+        return
     if report.outcome != "identical":
         _name_by_module(report, optimizer, stream)
     _delivered(report, stream, channel.rank, where, time.perf_counter() - started)

@@ -219,7 +219,7 @@ class SyncReport(object):
                     "all %d replicas: the replicas agree (not a divergence), the training itself produced "
                     "them: %s." % (self._of(), _at(self.step), self.world_size, self._listed(self.nonfinite)))
         if self.outcome == "identical":
-            return ("SyncCheck: all %d compared parameter tensors%s bitwise identical on all %d replicas at %s%s."
+            return ("SyncCheck: all %d parameter tensors%s bitwise identical on all %d replicas at %s%s."
                     % (self.compared_count, self._of(), self.world_size, _at(self.step), self._not_compared_note()))
         i = self.worst_index
         how = ("value-sum spread %.3g, relative divergence %.3g" % (self.spread[i], self.divergence[i])
@@ -290,6 +290,22 @@ def say(message, where=None, speaker=True, level=logging.WARNING):
     record = logger.makeRecord(logger.name, level, filename, lineno, "%s:%s: %s", (filename, lineno, message), None,
                                extra={"sync_check_message": message})
     logger.handle(record)
+    if not _handled(logger) and logging.lastResort is not None and level >= logging.lastResort.level:
+        logging.lastResort.handle(record)  # nothing configured: stderr, as Python's logging does
+
+
+def _handled(start):
+    """Whether a handler other than a ``NullHandler`` receives records of ``start``. The package's logger holds a
+    ``NullHandler`` (the shim's own log stays quiet unless asked for), which would keep Python's last-resort
+    handler from writing a report to stderr where no logging is configured."""
+    current = start
+    while current is not None:
+        if any(not isinstance(handler, logging.NullHandler) for handler in current.handlers):
+            return True
+        if not current.propagate:
+            return False
+        current = current.parent
+    return False
 
 
 def info(message, rank):
