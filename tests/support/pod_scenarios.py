@@ -794,13 +794,180 @@ def endurance(ctx):
     ctx.barrier = False  # no process group left to wait in
 
 
+# --------------------------------------------------------------------------- what the check has seen, and says
+def _until_raised(ctx, body, limit):
+    """Run ``body(step)`` for steps 1.. until it raises or ``limit`` steps: the step reached goes to the result."""
+    step = 0
+    try:
+        for step in range(1, limit + 1):
+            body(step)
+    finally:
+        ctx.result["steps"] = step
+
+
+def local_scale(ctx):
+    """(w) A plain data-parallel loop (gradients all-reduced by hand, no DDP) whose optimizer also holds one
+    1-element rank-local scale (``--variant twin``: no such scale); rank 1 alone changes ``2.weight`` after step
+    30. Armed by the test (every 10, raise): the scale alone is set aside, the change is raised."""
+    import torch
+
+    model = make_model(0)
+    params = list(model.parameters())
+    if ctx.variant != "twin":
+        model.register_parameter("scale", torch.nn.Parameter(torch.full((1,), float(ctx.rank + 1))))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def body(step):
+        x, y = batch(0, step)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x) * getattr(model, "scale", 1.0), y).backward()
+        all_reduce_grads(params, ctx.world)
+        optimizer.step()
+        if step == 30 and ctx.rank == 1:
+            with torch.no_grad():
+                model[2].weight[0, 0] += 1.0
+
+    _until_raised(ctx, body, ctx.steps)
+
+
+def epochs(ctx):
+    """(x) An optimizer built afresh at each epoch of 15 steps over the same model; from step 45 on, rank 1 no
+    longer all-reduces its gradients (``--variant twin``: it does). Armed by the test (every 10, raise)."""
+    import torch
+
+    model = make_model(0)
+    params = list(model.parameters())
+    state = {"optimizer": None}
+
+    def body(step):
+        if step % 15 == 1:
+            state["optimizer"] = torch.optim.SGD(model.parameters(), lr=0.05)
+        reduce = ctx.variant == "twin" or ctx.rank == 0 or step < 45
+        x, y = batch(ctx.rank, step)
+        optimizer = state["optimizer"]
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        if reduce:
+            all_reduce_grads(params, ctx.world)
+        else:
+            dist_all_reduce_skipped(params, ctx.world)
+        optimizer.step()
+
+    _until_raised(ctx, body, ctx.steps)
+
+
+def dist_all_reduce_skipped(params, world):
+    """Rank 1's side of the all-reduce rank 0 still enters: it contributes zeros and keeps its own gradients."""
+    import torch
+    import torch.distributed as dist
+
+    for p in params:
+        dist.all_reduce(torch.zeros_like(p.grad))
+
+
+def apart_3000(ctx):
+    """(y) 3,000 one-element parameters (``p.0`` .. ``p.2999``) stepped by SGD with zero gradients; only ``p.2500``
+    is rank-local. Armed by the test: one note, naming ``p.2500`` and counting 1."""
+    import torch
+
+    holder = torch.nn.Module()
+    holder.p = torch.nn.ParameterList([torch.nn.Parameter(torch.full((1,), float(ctx.rank if k == 2500 else 0)))
+                                       for k in range(3000)])
+    optimizer = torch.optim.SGD(holder.parameters(), lr=0.1)
+    for _ in range(ctx.steps):
+        for p in holder.parameters():
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+
+
+def plain_check_sync(ctx):
+    """(z) The README's call for plain loops: ``check_sync(model, step)`` after each step of a loop that forgets
+    the gradient all-reduce (``--variant reduce``: it does not)."""
+    import torch
+
+    from tpu_closure_fix import check_sync
+
+    model = make_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1, ctx.steps + 1):
+        train_step(model, optimizer, *batch(ctx.rank, step), reduce=ctx.variant == "reduce", world=ctx.world)
+        report = check_sync(model, step, every=5)
+        if report is not None:
+            ctx.keep(report, "step-%d" % step)
+
+
+def muted(ctx):
+    """(aa) A loop without the gradient all-reduce under the zero-code check, in a script that mutes warnings
+    (``--variant filter``: ``warnings.filterwarnings("ignore")`` at its top; ``record``: the loop inside
+    ``warnings.catch_warnings(record=True)``; ``plain``: nothing; ``reduce`` added: with the all-reduce);
+    ``PYTHONWARNINGS``, if any, from the test."""
+    import contextlib
+    import warnings
+
+    import torch
+
+    if "filter" in ctx.variant:
+        warnings.filterwarnings("ignore")
+    recorded = warnings.catch_warnings(record=True) if "record" in ctx.variant else contextlib.nullcontext([])
+    model = make_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with recorded as caught:
+        for step in range(1, ctx.steps + 1):
+            train_step(model, optimizer, *batch(ctx.rank, step), reduce="reduce" in ctx.variant, world=ctx.world)
+        ctx.result["drained_in_loop"] = _drain(ctx.drain)
+    ctx.result["caught"] = len(caught or [])
+
+
+def repeat(ctx):
+    """(bb) ``--steps`` steps of about 5 ms each without the gradient all-reduce (``--variant reduce``: with it),
+    the zero-code check armed at every step by the test: one stream, a divergence at every check. Each step
+    all-reduces its loss for logging, as a real job's ranks meet at every step."""
+    import torch
+    import torch.distributed as dist
+
+    model = make_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(1, ctx.steps + 1):
+        train_step(model, optimizer, *batch(ctx.rank, step), reduce=ctx.variant == "reduce", world=ctx.world)
+        dist.all_reduce(torch.ones(1))
+        time.sleep(0.005)
+    ctx.result["drained_in_loop"] = _drain(ctx.drain)
+    hook = sys.modules["tpu_closure_fix.synccheck.hook"]
+    stream = hook._counts[id(optimizer)][0]
+    ctx.result["stood_down"], ctx.result["checks"] = stream.stood_down, stream.checks
+
+
+def ends_first(ctx):
+    """(cc) A loop without the gradient all-reduce that ends after ``--steps`` steps, before the step where the
+    ranks agreed to raise (armed by the test: raise); the job then ends by ``destroy_process_group``
+    (``--variant destroy``) or by the interpreter's exit (``exit``); ``reduce`` in the variant: with the
+    all-reduce."""
+    import torch
+    import torch.distributed as dist
+
+    model = make_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1, ctx.steps + 1):
+        train_step(model, optimizer, *batch(ctx.rank, step), reduce="reduce" in ctx.variant, world=ctx.world)
+    ctx.result["drained_in_loop"] = _drain(ctx.drain)  # the verdict of the check at step 1 is in
+    dist.barrier()
+    ctx.barrier = False
+    if "exit" in ctx.variant:
+        ctx.exit_normally = True  # after the result is written, through the interpreter's exit
+        return
+    dist.destroy_process_group()
+    ctx.result["destroyed"] = True
+
+
 SCENARIOS = {"fabric-ddp": fabric_ddp, "trainer-ddp": trainer_ddp,
              "pipeline": pipeline, "zero": zero, "ddp-groups": ddp_groups, "fsdp2": fsdp2, "scale": scale,
              "kinds": kinds, "gan": gan, "probe": probe, "endurance": endurance, "probe-optimizer": probe_optimizer,
              "probe-first": probe_first, "last-step": last_step, "plain": plain,
              "seeded": seeded,
              "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,
-             "killed": killed, "four": four, "fsdp": fsdp}
+             "killed": killed, "four": four, "fsdp": fsdp, "local-scale": local_scale, "epochs": epochs,
+             "apart-3000": apart_3000, "plain-check-sync": plain_check_sync, "muted": muted, "repeat": repeat,
+             "ends-first": ends_first}
 
 
 def _drain(seconds):

@@ -696,8 +696,8 @@ def test_checks_handed_over_before_a_first_check_that_left_nothing_to_compare_sa
 
     def apart(step_number):
         return synccheck.SyncReport(step_number, 2, "torch.distributed", ["param_groups[0][0]"], outcome="unverified",
-                                    reason=compare._apart_reason(step_number, ["param_groups[0][0]"]),
-                                    not_compared=[("param_groups[0][0]", groups.APART)], rule=groups.RULE_APART)
+                                    not_compared=[("param_groups[0][0]", groups.APART)], rule=groups.RULE_APART,
+                                    set_aside=["param_groups[0][0]"] if step_number == 0 else ())
 
     synchook.arm(1, "raise")
     optimizer = sgd()

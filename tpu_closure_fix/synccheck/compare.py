@@ -227,34 +227,33 @@ def decide(decoded, layout, error, channel, step, tolerance):
         fields.setdefault("not_compared", not_compared + looks.not_compared())
         fields.setdefault("rule", looks.rule())
         fields.setdefault("set_aside", looks.set_aside_names())
-        fields.setdefault("note", looks.note(step))
         return SyncReport(step, channel.size, channel.kind, names, tolerance=tolerance, outcome=outcome, **fields)
 
     high, low = decoded["format"]
     # 1. Another format of the vector: nothing else in it can be read.
     if high != low:
         return report("unverified", reason="the replicas run different SyncCheck formats", rule=None, set_aside=(),
-                      note=None, not_compared=not_compared)
+                      not_compared=not_compared)
     # 2. A replica could not list or fingerprint its tensors.
     if decoded["failed"][0] > 0:
         reason = ("%s: %s" % (type(error).__name__, error) if isinstance(error, Exception) and not
                   isinstance(error, Unlisted) else str(error) if error is not None
                   else "another replica could not list or fingerprint its parameters")
         return report("unverified", reason=reason, local_error=error is not None, rule=None, set_aside=(),
-                      note=None, not_compared=not_compared)
+                      not_compared=not_compared)
     # 3. Ranks at different steps: name them, compare nothing.
     if decoded["step"][0] != decoded["step"][1]:
-        return report("out_of_step", reason=_out_of_step(channel, step), rule=None, set_aside=(), note=None,
+        return report("out_of_step", reason=_out_of_step(channel, step), rule=None, set_aside=(),
                       not_compared=not_compared)
     # 4. Nothing to compare on some replica: never "identical" without having looked.
     if decoded["count"][1] == 0:
         return report("unverified", reason="no parameter tensors to compare on %s replica"
-                      % ("every" if decoded["count"][0] == 0 else "some"), rule=None, set_aside=(), note=None,
+                      % ("every" if decoded["count"][0] == 0 else "some"), rule=None, set_aside=(),
                       not_compared=not_compared)
     # 5. Different models: tensor count, lanes, shapes or dtypes.
     structure = _structure_mismatch(decoded, layout)
     if structure is not None:
-        return report("structure", structure=structure, rule=None, set_aside=(), note=None,
+        return report("structure", structure=structure, rule=None, set_aside=(),
                       not_compared=not_compared)
     # 6. Bits differ somewhere: name the tensors and the ranks exactly (one all-gather). A tensor no layout
     #    places is judged by its own first look: different there, it alone is set aside; set aside before, its
@@ -268,10 +267,10 @@ def decide(decoded, layout, error, channel, step, tolerance):
     nonfinite = [k for k in nonfinite if k not in looks.apart]
     if differing:
         return report("differ", differing=differing, versions=versions, spread=spread, divergence=divergence,
-                      nonfinite=nonfinite, group=group)
+                      nonfinite=nonfinite, group=group, seen_equal=any(k in looks.replicas for k in differing))
     # 7. Nothing left to compare: every tensor set aside by its first look (now or before).
     if looks.apart and len(looks.apart) >= len(names):
-        return report("unverified", reason=looks.note(step) or _all_apart_reason(len(names)), note=None)
+        return report("unverified", reason=None if looks.now else _all_apart_reason(len(names)))
     # 8. Non-finite values, bitwise the same everywhere: the replicas agree.
     compared = decoded["compared"]
     nonfinite_slots = set(((decoded["nonfinite"][0] > 0) & compared).nonzero().flatten().tolist())
@@ -294,8 +293,9 @@ class _FirstLooks(object):
         #: set aside by an earlier check (their difference is no news), and by this one
         self.before = set(k for k in undecided if known[k] == decisions.APART)
         self.now = []
-        #: looked at for the first time by this check
+        #: looked at for the first time by this check; seen equal by an earlier check (another optimizer's, maybe)
         self.first = [k for k in undecided if known[k] is None]
+        self.replicas = set(k for k in undecided if known[k] == decisions.REPLICA)
         self.apart = set(self.before)
 
     def look(self, differing):
@@ -321,31 +321,12 @@ class _FirstLooks(object):
     def set_aside_names(self):
         return [self.layout.names[k] for k in self.now]
 
-    def note(self, step):
-        """The one note of the tensors this check set aside (exact names and count), or None."""
-        if not self.now:
-            return None
-        return _apart_reason(step, [self.layout.names[k] for k in self.now])
-
 
 def nothing_left(report):
     """Whether every tensor of ``report`` is set aside by the first-check rule: no later check of its stream
     would compare any (the hook and the callback stop checking it, silently)."""
     apart = {name for name, reason in report.not_compared if reason == groups.APART}
     return bool(report.names) and set(report.names) <= apart
-
-
-def _apart_reason(step, names):
-    """What a difference at a tensor's first look means when no data-parallel layout is declared."""
-    when = ("before the first update" if step == 0 else "at the first check" if step is None
-            else "at the first check (step %s)" % (step,))
-    count = len(names)
-    shown = ", ".join(repr(n) for n in names[:5]) + (" and %d more" % (count - 5) if count > 5 else "")
-    return ("%d parameter tensor%s %s (%s): replicas that started different, or tensors that are not "
-            "replicas by design (a rank-local value, pipeline stages, optimizer-state or parameter shards); no "
-            "data-parallel layout is declared, so %s set aside and not compared again; every other tensor stays "
-            "compared (if they are replicas, declare it: TPU_CLOSURE_FIX_SYNC_CHECK_GROUP=world)"
-            % (count, " differs" if count == 1 else "s differ", when, shown, "it is" if count == 1 else "they are"))
 
 
 def _all_apart_reason(count):

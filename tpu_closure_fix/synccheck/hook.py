@@ -371,9 +371,14 @@ def _check(optimizer, stream, step):
         return
     if report is None:
         return
-    if report.outcome != "identical":
+    if _named(report):
         _name_by_module(report, optimizer, stream)
     _delivered(report, stream, channel.rank, where, time.perf_counter() - started)
+
+
+def _named(report):
+    """Whether ``report`` names tensors (a difference, or tensors left out): then by their module paths."""
+    return report.outcome != "identical" or bool(report.not_compared)
 
 
 def _delivered(report, stream, rank, where, held):
@@ -417,7 +422,7 @@ def _check_off_thread(optimizer, stream, step, channel):
     def _deliver(report, raise_at):
         if stream.stood_down is not None and stream.stood_down != "raised" and compare.nothing_left(report):
             return  # every tensor set aside: said once, at the check that set them aside
-        if report.outcome != "identical":
+        if _named(report):
             _apply_names(report, stream.module_paths[0], name)
         if getattr(stream, "raising", None) is not None or stream.stood_down == "raised":
             return  # the first divergence to raise stands (every rank agreed on its step); later ones add nothing
@@ -535,6 +540,7 @@ def _apply_names(report, by_old, label):
     # parameters of separate modules with no model around them ("weight" twice) keep their position too
     report.names = [p if taken[p] == 1 else "%s (%s)" % (p, n) for p, n in zip(paths, report.names)]
     report.not_compared = [(by_old.get(n, n), reason) for n, reason in report.not_compared]
+    report.set_aside = [by_old.get(n, n) for n in report.set_aside]
 
 
 def _module_paths(optimizer, stream=None):

@@ -59,6 +59,20 @@ def rank_ranges(ranks):
     return ", ".join(parts)
 
 
+def apart_note(step, names):
+    """What a difference at a tensor's first look means when no data-parallel layout is declared."""
+    when = ("before the first update" if step == 0 else "at the first check" if step is None
+            else "at the first check (step %s)" % (step,))
+    count = len(names)
+    shown = ", ".join(repr(n) for n in names[:NAMES_IN_MESSAGE])
+    shown += " and %d more" % (count - NAMES_IN_MESSAGE) if count > NAMES_IN_MESSAGE else ""
+    return ("%d parameter tensor%s %s (%s): replicas that started different, or tensors that are not replicas by "
+            "design (a rank-local value, pipeline stages, optimizer-state or parameter shards); no data-parallel "
+            "layout is declared, so %s set aside and not compared again; every other tensor stays compared (if "
+            "they are replicas, declare it: TPU_CLOSURE_FIX_SYNC_CHECK_GROUP=world)"
+            % (count, " differs" if count == 1 else "s differ", when, shown, "it is" if count == 1 else "they are"))
+
+
 def _at(step):
     return "this check" if step is None else "step %s" % (step,)
 
@@ -82,7 +96,9 @@ class SyncReport(object):
     over the world from now on; ``"apart"``: different there, not compared again; None: nothing decided);
     ``stream``: what the check compared as the user knows it (the zero-code check: the optimizer's class and
     its parameters' module paths), or None; ``set_aside``: the names this check set aside (different at their
-    first look, nothing declared) and ``note``: the one sentence saying so (None: none); ``in_sync``: the field
+    first look, nothing declared) and ``note``: the one sentence saying so (None: none); ``seen_equal``: a
+    differing tensor was seen bitwise equal at an earlier check (of another optimizer: the zero-code check);
+    ``in_sync``: the field
     a gate reads (true only when every compared tensor matched and nothing was set aside).
     ``tolerance`` is recorded and decides nothing: any bitwise difference is one.
     """
@@ -90,7 +106,7 @@ class SyncReport(object):
     def __init__(self, step, world_size, backend, names, spread=None, divergence=None, tolerance=0.0,
                  outcome="identical", differing=(), nonfinite=(), structure=None, reason=None, versions=(),
                  first_check=False, identical_at=None, not_compared=(), local_error=False, group=(), rule=None,
-                 stream=None, set_aside=(), note=None):
+                 stream=None, set_aside=(), seen_equal=False):
         if outcome not in OUTCOMES:
             raise ValueError("outcome must be one of %s; got %r" % (", ".join(OUTCOMES), outcome))
         self.step = step
@@ -104,7 +120,7 @@ class SyncReport(object):
         self.differing = list(differing)
         self.nonfinite = list(nonfinite)
         self.structure = structure
-        self.reason = reason
+        self._reason = reason
         self.versions = [list(v) for v in versions]
         self.first_check = first_check
         self.identical_at = identical_at
@@ -115,7 +131,21 @@ class SyncReport(object):
         self.rule = rule
         self.stream = stream
         self.set_aside = list(set_aside)
-        self.note = note
+        self.seen_equal = seen_equal
+
+    @property
+    def reason(self):
+        """Why no verdict: the cause given, else (every tensor set aside now) the set-aside note."""
+        return self._reason if self._reason is not None else self.note
+
+    @reason.setter
+    def reason(self, value):
+        self._reason = value
+
+    @property
+    def note(self):
+        """The one sentence saying which tensors this check set aside (``set_aside``, as named now), or None."""
+        return apart_note(self.step, self.set_aside) if self.set_aside else None
 
     @property
     def diverged(self):
@@ -141,9 +171,10 @@ class SyncReport(object):
 
     @property
     def started_different(self):
-        """The replicas differed before any optimizer update (a first check at step 0): they started
-        different -- initialisation, seeding, loading -- rather than diverging through training."""
-        return self.diverged and self.first_check and self.step == 0
+        """The replicas differed before any optimizer update (a first check at step 0) of tensors never seen
+        equal: they started different -- initialisation, seeding, loading -- rather than diverging through
+        training."""
+        return self.diverged and self.first_check and self.step == 0 and not self.seen_equal
 
     @property
     def worst_index(self):
@@ -170,6 +201,9 @@ class SyncReport(object):
             before = ("; identical before the first optimizer step" if self.identical_at == 0 else
                       "; identical at step %s" % self.identical_at if self.identical_at is not None else "")
             return "at step %s, different since step %s%s" % (self.step, self.different_since, before)
+        if self.first_check and self.seen_equal:
+            return ("at %s, the first check of this optimizer: tensors seen bitwise equal at an earlier check (of "
+                    "another optimizer over them) differ now, so the replicas diverged since" % _at(self.step))
         if self.first_check and self.step == 0:
             return ("before the first optimizer step: the replicas started different (initialisation, seeding "
                     "or loading differs between them)")
@@ -261,7 +295,8 @@ class SyncReport(object):
                 "first_check": self.first_check, "started_different": self.started_different,
                 "identical_at": self.identical_at, "different_since": self.different_since,
                 "not_compared": [list(p) for p in self.not_compared], "group": self.group, "rule": self.rule,
-                "stream": self.stream, "set_aside": self.set_aside, "note": self.note, "in_sync": self.in_sync}
+                "stream": self.stream, "set_aside": self.set_aside, "note": self.note, "in_sync": self.in_sync,
+                "seen_equal": self.seen_equal}
 
     def __repr__(self):
         return "SyncReport(%r)" % (self.as_dict(),)
