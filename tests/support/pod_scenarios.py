@@ -556,7 +556,8 @@ def ddp_groups(ctx):
     ``compare_replicas`` of the DDP module and of copies of its parameters (no DDP holds them: no evidence of
     the subgroups), declared replicas over the world and not declared, then rank 3 changes a weight. Last, a
     DDP module over the whole world and a bare model, each changed on rank 1 before its first check:
-    ``check_sync(..., on_divergence="raise")`` at step 0 (DDP is a declared layout; the bare model is not)."""
+    ``check_sync(..., on_divergence="raise")`` at step 0 (DDP is a declared layout; calling check_sync declares the
+    bare model)."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel

@@ -61,13 +61,13 @@ def same(tmp_path_factory):
     return run(tmp_path_factory.mktemp("same"), "same")
 
 
-def test_replica_threads_with_different_data_are_warned_at_each_check(different):
+def test_replica_threads_with_different_data_are_warned_once_at_the_first_difference(different):
     _finished(different)
     said = different["warnings"]
-    assert len(said) == CHECKS - 1, said  # identical before the first update, different from step 1 on
+    # identical before the first update, different from step 1 on: the same divergence at every later check
+    assert len(said) == 1, said
     assert "between the start (identical before the first optimizer step) and step 1" in said[0], said[0]
-    assert all("'0.weight', '0.bias', '2.weight', '2.bias'" in text for text in said), said
-    assert ["at step %d," % step in text for step, text in zip((3, 6, 9, 12), said[1:])] == [True] * 4, said
+    assert "'0.weight', '0.bias', '2.weight', '2.bias'" in said[0], said
     assert different["checks"] == 2 * CHECKS
 
 

@@ -93,10 +93,11 @@ def test_a_probe_on_rank_0_only_keeps_the_checks_in_step(tmp_path):
 def test_a_probe_on_rank_0_twin_without_the_gradient_all_reduce_warns_on_rank_0(tmp_path):
     runs = _ok(ranks.run_ranks("probe", 2, tmp_path, env={SYNC: "5"}, args=["--variant", "noreduce"]))
     warned = runs[0].messages
-    assert len(warned) == 3 and all(DIVERGED in m for m in warned), warned  # identical before step 1
+    # identical before step 1; different at steps 1, 5, 10: the same divergence, said once
+    assert len(warned) == 1 and all(DIVERGED in m for m in warned), warned
     assert all("'0.weight'" in m for m in warned)  # named by module path, not param_groups[0][0]
     assert "between the start (identical before the first optimizer step) and step 1" in warned[0]
-    assert [w["filename"] for w in runs[0].warnings] == [os.path.join(ranks.HERE, "pod_scenarios.py")] * 3
+    assert [w["filename"] for w in runs[0].warnings] == [os.path.join(ranks.HERE, "pod_scenarios.py")]
     assert runs[1].messages == []
     assert [run.hook["checks"] for run in runs] == [4, 4]
     assert runs[1].hook["last_report"]["outcome"] == "differ"
@@ -194,9 +195,9 @@ def test_a_probe_stepped_first_at_every_step_stands_down_alone_and_a_late_diverg
 ENDED = "did not complete"
 
 
-def _ended(tmp_path, variant):
-    runs = _ok(ranks.run_ranks("last-step", 2, tmp_path, env={SYNC: "10"}, args=["--variant", variant, "--drain", "0"],
-                               timeout=120))
+def _ended(tmp_path, variant, env=None):
+    runs = _ok(ranks.run_ranks("last-step", 2, tmp_path, env=dict(env or {}, **{SYNC: "10"}),
+                               args=["--variant", variant, "--drain", "0"], timeout=120))
     for run in runs:
         assert run.returncode == 0 and run.parent_seconds < 60, run.describe()
         assert ENDED not in run.stderr and "Connection closed" not in run.stderr, run.describe()
@@ -229,11 +230,11 @@ def test_the_last_check_twin_with_the_same_update_is_silent_at_destroy(tmp_path)
 def test_the_last_check_is_answered_at_interpreter_exit(tmp_path, variant, said):
     """No destroy_process_group: the interpreter's exit hooks let the worker answer the check at step 20 (said on
     rank 0's stderr, after the result was written); its twin with the same update says nothing."""
-    zero, one = _ended(tmp_path, variant)
+    zero, one = _ended(tmp_path, variant, env={"SYNC_CHECK_TEST_RECORD": "0"})  # reports on stderr, as for a user
     assert zero.messages == one.messages == []  # the result was written before the exit
-    assert ("TPUClosureFixWarning: SyncCheck: " + DIVERGED in zero.stderr) is said, zero.describe()
+    assert (": SyncCheck: " + DIVERGED in zero.stderr) is said, zero.describe()
     assert ("between step 10 (identical) and step 20" in zero.stderr) is said
-    assert "TPUClosureFixWarning" not in one.stderr, one.describe()
+    assert "SyncCheck" not in one.stderr, one.describe()
 
 
 # --------------------------------------------------------------------------- (c) tpu-closure-fix run --sync-check
@@ -254,7 +255,7 @@ def test_run_sync_check_on_a_plain_script_that_diverges_warns_on_rank_0(tmp_path
     for run in runs:
         _check_the_working_tree_ran(run)
         assert run.hook["checks"] == 4
-    assert len(runs[0].messages) == 3 and all(DIVERGED in m for m in runs[0].messages), runs[0].messages
+    assert len(runs[0].messages) == 1 and all(DIVERGED in m for m in runs[0].messages), runs[0].messages
     assert runs[1].messages == []
 
 
@@ -294,16 +295,15 @@ def test_replicas_seeded_by_rank_started_different(seeded):
         assert "started different" not in later["message"]
 
 
-def test_twin_replicas_seeded_by_rank_with_nothing_declared_are_noted_once_never_a_divergence(seeded):
+def test_replicas_seeded_by_rank_given_to_check_sync_with_its_default_are_a_divergence_too(seeded):
+    """check_sync is the user's declaration: its default ``auto`` compares a bare model over the world."""
     for run in seeded:
         cases = _by_case(run)
         first = cases["by-rank-auto@0"]
-        assert (first["outcome"], first["rule"], first["diverged"]) == ("unverified", "apart", False)
-        assert "4 parameter tensors differ before the first update: replicas that started different" in \
-            first["reason"]
-        for step in (1, 5):  # nothing left to compare: the same answer, not said again
-            later = cases["by-rank-auto@%d" % step]
-            assert (later["outcome"], later["reason"]) == ("unverified", first["reason"])
+        assert (first["outcome"], first["rule"], first["diverged"], first["in_sync"]) == ("differ", None, True, False)
+        assert first["started_different"] and first["set_aside"] == []
+        for step in (1, 5):
+            assert cases["by-rank-auto@%d" % step]["outcome"] == "differ"
 
 
 def test_replicas_with_the_same_seed_are_identical_at_step_1(seeded):
@@ -323,9 +323,9 @@ def test_a_replica_perturbed_after_step_3_diverged_between_step_1_and_step_5(see
         assert report["first_check"] is False and report["identical_at"] == 1
         assert "between step 1 (identical) and step 5" in report["message"]
         assert "started different" not in report["message"]
-    # check_sync's one report per check: rank 0 warns (by-rank at 0, 1 and 5, perturbed at 5) and notes by-rank-auto
-    # once; rank 1 never
-    assert len(seeded[0].messages) == 5 and seeded[1].messages == []
+    # check_sync's one report per event: rank 0 says by-rank and by-rank-auto at 0 (at 1 and 5: the same
+    # divergence) and perturbed at 5; rank 1 never
+    assert len(seeded[0].messages) == 3 and seeded[1].messages == []
 
 
 # --------------------------------------------------------------------------- (e) DTensor on a 2x2 mesh
@@ -484,7 +484,8 @@ def test_after_an_lbfgs_step_raised_the_hook_still_reports_the_divergence(tmp_pa
         assert run.result["caught"] == "out of data at step 3" and run.result["lbfgs_steps"] == 2
         assert run.result["lbfgs_checks"] == 2 and run.result["sgd_checks"] == 4  # LBFGS: 0, 1; SGD: 0, 1, 5, 10
         assert run.hook["checks"] == 6 and run.hook["last_report"]["outcome"] == "differ"
-    assert len(runs[0].messages) == 3 and all(DIVERGED in m for m in runs[0].messages), runs[0].messages
+    # the LBFGS stream at step 1, the SGD stream at step 1 (its checks at 5 and 10: the same divergence)
+    assert len(runs[0].messages) == 2 and all(DIVERGED in m for m in runs[0].messages), runs[0].messages
     assert runs[1].messages == []
 
 
@@ -538,7 +539,7 @@ def test_one_report_per_check_names_the_ranks_by_version(tmp_path, world):
     runs = _ok(ranks.run_ranks("four", world, tmp_path, env={SYNC: "5"}))
     last = world - 1
     warned = runs[0].messages
-    assert len(warned) == 3, warned  # steps 1, 5, 10 (identical before step 1): one warning each, rank 0 only
+    assert len(warned) == 1, warned  # step 1 (identical before it; at 5 and 10 the same divergence), rank 0 only
     for message in warned:
         assert DIVERGED in message and "(ranks 0-%d hold one version; rank %d holds another)" % (last - 1, last) \
             in message, message

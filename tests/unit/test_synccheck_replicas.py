@@ -325,7 +325,6 @@ def _report(outcome, **fields):
 
 def test_only_rank_0_warns_of_a_divergence_the_others_log_and_raise_is_everywhere(caplog):
     import logging
-    import warnings
 
     report = _report("differ", differing=[1], versions=[[0], [1]], identical_at=4)
     assert "between step 4 (identical) and step 9" in report.message()

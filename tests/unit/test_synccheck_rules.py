@@ -10,7 +10,6 @@ import importlib
 import sys
 import threading
 import types
-import warnings
 
 import pytest
 

@@ -4,7 +4,7 @@
 
 The check goes over its own host channel (a TCPStore on a port of its own, gloo groups per replica thread): it
 never issues an XLA collective, so no check can leave one replica in a collective without partner (on CPU such a
-collective aborts the run; on a TPU it hangs). Replicas with different data are warned at each check, naming the
+collective aborts the run; on a TPU it hangs). Replicas with different data are warned once (the same divergence at
 step and the tensors; the twin with the same data on both is silent with every check answered; a probe optimizer
 stepped by replica 0 alone costs one stand-down note and every replica finishes. torch_xla's ``all_reduce`` and
 ``all_gather`` record and raise in these runs: none may be called.
@@ -72,10 +72,10 @@ def test_xmp_spawn_replicas_with_different_data_are_warned(runs):
     result = runs["different"]
     _finished(result)
     said = result["warnings"]
-    assert len(said) == CHECKS - 1, said  # identical before the first update, different from step 1 on
+    # identical before the first update, different from step 1 on: the same divergence at every later check
+    assert len(said) == 1, said
     assert "between the start (identical before the first optimizer step) and step 1" in said[0], said[0]
-    assert all("'0.weight', '0.bias', '2.weight', '2.bias'" in text for text in said), said
-    assert ["at step %d," % step in text for step, text in zip((3, 6, 9, 12), said[1:])] == [True] * 4, said
+    assert "'0.weight', '0.bias', '2.weight', '2.bias'" in said[0], said
 
 
 @defined_where(ON_TIER)
