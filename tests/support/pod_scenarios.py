@@ -960,6 +960,31 @@ def ends_first(ctx):
     ctx.result["destroyed"] = True
 
 
+def sigterm(ctx):
+    """(dd) 20 steps, a check every 10 (armed by the test); ``--variant diverge``: rank 1 alone applies a different
+    last update. Then, after a barrier, each rank is sent SIGTERM (as a scheduler ends a job) and waits to be
+    ended: no result is written, only stderr and the exit status tell."""
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.ones(4, 8)
+    for step in range(1, 21):
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        all_reduce_grads(list(model.parameters()), ctx.world)
+        if step == 20 and ctx.rank == 1 and "diverge" in ctx.variant:
+            model.weight.grad[0, 0] += 1.0
+        optimizer.step()
+    dist.barrier()
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)  # ended by the signal before this returns
+
+
 SCENARIOS = {"fabric-ddp": fabric_ddp, "trainer-ddp": trainer_ddp,
              "pipeline": pipeline, "zero": zero, "ddp-groups": ddp_groups, "fsdp2": fsdp2, "scale": scale,
              "kinds": kinds, "gan": gan, "probe": probe, "endurance": endurance, "probe-optimizer": probe_optimizer,
@@ -968,7 +993,7 @@ SCENARIOS = {"fabric-ddp": fabric_ddp, "trainer-ddp": trainer_ddp,
              "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,
              "killed": killed, "four": four, "fsdp": fsdp, "local-scale": local_scale, "epochs": epochs,
              "apart-3000": apart_3000, "plain-check-sync": plain_check_sync, "muted": muted, "repeat": repeat,
-             "ends-first": ends_first}
+             "ends-first": ends_first, "sigterm": sigterm}
 
 
 def _drain(seconds):

@@ -211,3 +211,35 @@ def test_twin_the_same_job_in_sync_at_every_check_for_1000_steps_keeps_up_in_sil
     ranks.assert_all_ok(runs)
     for run in runs:
         assert run.messages == [] and run.result["stood_down"] is None and run.result["checks"] == 1001
+
+
+@needs_step_hooks
+@pytest.mark.parametrize("variant, said", [("diverge", True), ("", False)])
+def test_a_job_ended_by_sigterm_answers_its_last_check_then_ends_as_sigterm_ends_it(tmp_path, variant, said):
+    """Rank 1 alone applies a different last update (a check at step 20); then each rank gets SIGTERM: the check
+    is answered before the signal ends the process (status -SIGTERM, as without the check); its twin is silent."""
+    import signal
+
+    runs = ranks.run_ranks("sigterm", 2, tmp_path, env=dict(TO_STDERR, **{SYNC: "10"}), args=["--variant", variant],
+                           timeout=120)
+    for run in runs:
+        assert run.returncode == -signal.SIGTERM and not run.timed_out, run.describe()
+    assert (DIVERGED in runs[0].stderr) is said, runs[0].describe()
+    assert ("between step 10 (identical) and step 20" in runs[0].stderr) is said
+    assert DIVERGED not in runs[1].stderr
+
+
+def test_the_checks_the_end_drops_are_said_in_one_line_warning_only_for_a_real_loss():
+    import logging
+    import types
+
+    from tpu_closure_fix.synccheck import worker
+
+    def job(step, deadline, decision):
+        return types.SimpleNamespace(pending=types.SimpleNamespace(step=step), deadline=deadline, decision=decision)
+
+    assert worker.dropped_line([]) is None
+    level, line = worker.dropped_line([job(5, 1.0, None), job(10, 1.0, None)])
+    assert level == logging.INFO and "2 sync checks that not every rank reached (at step 5, 10)" in line
+    level, line = worker.dropped_line([job(5, 1.0, None), job(10, 1.0, "go"), job(15, None, None)])
+    assert level == logging.WARNING and "2 sync checks not answered (at step 10, 15)" in line

@@ -316,14 +316,19 @@ def _enabled(level):
 def say(message, where=None, speaker=True, level=logging.WARNING):
     """Deliver one report: at ``level`` (WARNING) by the rank that speaks, at DEBUG by the others. ``where``:
     ``(filename, lineno, ...)`` of the user's line it is about (captured on the training thread; default: the
-    first frame outside this package and the libraries, now). The record's ``sync_check_message`` holds the
-    message alone."""
+    first frame outside this package and the libraries, now; empty: about no line). The record's
+    ``sync_check_message`` holds the message alone."""
     level = level if speaker else logging.DEBUG
     if not _enabled(level):
         return
-    filename, lineno = (where or user_location(1))[:2]
-    record = logger.makeRecord(logger.name, level, filename, lineno, "%s:%s: %s", (filename, lineno, message), None,
-                               extra={"sync_check_message": message})
+    where = user_location(1) if where is None else where
+    if where:
+        filename, lineno = where[:2]
+        record = logger.makeRecord(logger.name, level, filename, lineno, "%s:%s: %s", (filename, lineno, message),
+                                   None, extra={"sync_check_message": message})
+    else:  # about no line of the user's (the job's end)
+        record = logger.makeRecord(logger.name, level, "", 0, "%s", (message,), None,
+                                   extra={"sync_check_message": message})
     logger.handle(record)
     if not _handled(logger) and logging.lastResort is not None and level >= logging.lastResort.level:
         logging.lastResort.handle(record)  # nothing configured: stderr, as Python's logging does

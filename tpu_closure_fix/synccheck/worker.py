@@ -520,6 +520,7 @@ def submit(job):
         if worker is None or worker.pid != os.getpid():
             worker = _workers[scope] = Worker(job.group).start()
             _watch_destroy()
+            _watch_sigterm()
     return worker.submit(job)
 
 
@@ -590,11 +591,73 @@ def drain_bound(environ=None):
 def finish(wait=EXIT_WAIT, answer=True):
     """The job ends: let the workers answer the checks already handed over (at most :func:`drain_bound`
     seconds, less once only checks waiting for ranks are left and none moved for :data:`EXIT_QUIET` seconds;
-    ``answer`` False: none), then stop them. Checks still open after that are dropped."""
+    ``answer`` False: none), then stop them. Checks still open after that are dropped, in one line that says
+    which and why (:func:`dropped_line`)."""
     _state["ending"] = True
     if answer and _mine():
         drain(drain_bound(), EXIT_QUIET)
+        _say_dropped()
     stop(wait)
+
+
+def dropped_line(jobs):
+    """``(level, line)`` naming the checks the job's end drops, or None (none dropped). Checks some rank never
+    reached could not be compared anyway (a probe optimizer's: INFO); a check every rank reached, or one not yet
+    handed to the store, is a loss worth a WARNING."""
+    import logging
+
+    if not jobs:
+        return None
+    waiting = [j for j in jobs if j.deadline is not None and j.decision is None]
+    lost = [j for j in jobs if j not in waiting]
+    steps = ", ".join(str(j.pending.step) for j in (lost or waiting)[:5])
+    if lost:
+        return logging.WARNING, ("tpu-closure-fix: the job ended with %d sync check%s not answered (at step %s): "
+                                 "the bound of %.0f s at the job's end ran out before %s exchanged; their verdict "
+                                 "is unknown." % (len(lost), "" if len(lost) == 1 else "s", steps, drain_bound(),
+                                                  "it was" if len(lost) == 1 else "they were"))
+    return logging.INFO, ("tpu-closure-fix: the job ended with %d sync check%s that not every rank reached (at step "
+                          "%s): dropped, as nothing could be compared." % (len(waiting), "" if len(waiting) == 1
+                                                                           else "s", steps))
+
+
+def _say_dropped():
+    jobs = []
+    for worker in _mine():
+        with worker.wake:
+            jobs += [j for j in list(worker.queue) + list(worker.pending.values()) if not j.done]
+    said = dropped_line(jobs)
+    if said is not None:
+        from .report import say
+
+        say(said[1], where=(), level=said[0])
+
+
+def _watch_sigterm():
+    """Where SIGTERM still has its default action and this is the main thread (the worker starts at the first
+    check, on the training thread), a handler answers the checks handed over before the process ends by that
+    signal (:func:`_on_sigterm`). A handler the program or its framework installed is left alone."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # not settable here: the default action stays
+        pass
+
+
+def _on_sigterm(signum, frame):
+    """SIGTERM: the default action back first (a second SIGTERM ends the process at once), the checks handed over
+    answered or said dropped (:func:`finish`, bounded), then the signal again, to end as SIGTERM ends a process."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        finish()
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def release(wait=EXIT_WAIT, answer=True):
