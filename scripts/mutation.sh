@@ -30,6 +30,8 @@ identity|tpu_closure_fix/identity.py|tests/unit/test_identity.py tests/unit/test
 fingerprint|tpu_closure_fix/synccheck/fingerprint.py|tests/unit/test_fingerprint_vector.py tests/unit/test_fingerprint_dtypes.py tests/unit/test_fingerprint_xxh3.py
 compare|tpu_closure_fix/synccheck/compare.py|tests/unit/test_compare_run.py tests/unit/test_synccheck_rules.py tests/unit/test_synccheck_inprocess.py
 callback|tpu_closure_fix/synccheck/callback.py|tests/unit/test_callback_schedule.py tests/unit/test_synccheck_inprocess.py tests/unit/test_synccheck_rules.py
+decisions|tpu_closure_fix/synccheck/decisions.py|tests/unit/test_synccheck_rules.py
+report|tpu_closure_fix/synccheck/report.py|tests/unit/test_synccheck_said.py tests/unit/test_synccheck_rules.py tests/unit/test_synccheck_inprocess.py tests/unit/test_synchook.py
 calls|tpu_closure_fix/calls.py|tests/unit/test_calls.py tests/unit/test_calls_edges.py
 "
 

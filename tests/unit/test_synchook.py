@@ -740,3 +740,50 @@ def test_twin_a_channel_of_another_kind_is_checked_on_the_training_thread(handed
     synchook.arm(1, "warn")
     step(sgd())
     assert handed == [] and ran == [0, 1]
+
+
+# --------------------------------------------------------------------------- raise: the job's end
+def _agreed_to_raise(monkeypatch, rank=0):
+    """A divergence the ranks agreed to raise at step 9, not reached yet."""
+    error = synccheck.ReplicaDivergenceError("SyncCheck: replicas differ", diverged_report(1))
+    monkeypatch.setattr(synchook, "_unraised", {1: (error, rank, diverged_report(1), 9)})
+    return error
+
+
+def test_a_job_that_destroys_its_group_before_the_agreed_step_raises_there(monkeypatch):
+    error = _agreed_to_raise(monkeypatch)
+    with pytest.raises(synccheck.ReplicaDivergenceError) as info:
+        synchook.end_of_job("destroy")
+    assert info.value is error and synchook._unraised == {}
+
+
+@pytest.mark.parametrize("rank, said", [(0, 1), (1, 0)])
+def test_a_job_that_exits_before_the_agreed_step_ends_with_status_1_said_by_rank_0(monkeypatch, rank, said):
+    _agreed_to_raise(monkeypatch, rank)
+    ended = []
+    monkeypatch.setattr(synchook.os, "_exit", ended.append)
+    with spoken() as seen:
+        synchook.end_of_job("exit")
+    assert ended == [1] and len(seen) == said
+    assert all("this process exits with status 1" in w.message and "step 9" in w.message for w in seen)
+
+
+@pytest.mark.parametrize("how", ["destroy", "exit", "fork-exit"])
+def test_twin_a_job_with_nothing_to_raise_ends_as_it_would(monkeypatch, how):
+    monkeypatch.setattr(synchook, "_unraised", {})
+    ended = []
+    monkeypatch.setattr(synchook.os, "_exit", ended.append)
+    synchook.end_of_job(how)
+    assert ended == []
+
+
+def test_a_divergence_raised_at_its_step_leaves_nothing_for_the_end(handed, monkeypatch):
+    monkeypatch.setattr(synchook, "_unraised", {})
+    synchook.arm(1, "raise")
+    optimizer = sgd()
+    step(optimizer)
+    handed[1].deliver(diverged_report(1), 2)
+    assert len(synchook._unraised) == 1
+    with pytest.raises(synccheck.ReplicaDivergenceError):
+        step(optimizer)  # step 2: raised here
+    assert synchook._unraised == {}
