@@ -985,6 +985,31 @@ def sigterm(ctx):
     time.sleep(60)  # ended by the signal before this returns
 
 
+def guarded(ctx):
+    """(ee) A DDP job (armed at every step by the test) whose process ends its run the way a test suite with a
+    thread-leak guard does: every thread started since the job began must end or stop (``support.thread_guard``)."""
+    import torch
+    import threading
+    from torch.nn.parallel import DistributedDataParallel
+
+    from support.thread_guard import zombies
+
+    before = list(threading.enumerate())
+    model = DistributedDataParallel(make_model(0))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1, ctx.steps + 1):
+        train_step(model, optimizer, *batch(ctx.rank, step), reduce=False, world=ctx.world)
+    ctx.result["threads_started"] = sorted(t.name for t in set(threading.enumerate()) - set(before))
+    ctx.result["zombies"] = zombies(before)
+    hook = sys.modules["tpu_closure_fix.synccheck.hook"]
+    last = hook.seen["last_report"]
+    ctx.result["last_outcome"] = last.outcome if last is not None else None
+    for step in range(ctx.steps + 1, ctx.steps + 4):  # a later check starts a new worker
+        train_step(model, optimizer, *batch(ctx.rank, step), reduce=False, world=ctx.world)
+    ctx.result["drained_after"] = _drain(ctx.drain)
+    ctx.result["checks"] = hook.seen["checks"]
+
+
 SCENARIOS = {"fabric-ddp": fabric_ddp, "trainer-ddp": trainer_ddp,
              "pipeline": pipeline, "zero": zero, "ddp-groups": ddp_groups, "fsdp2": fsdp2, "scale": scale,
              "kinds": kinds, "gan": gan, "probe": probe, "endurance": endurance, "probe-optimizer": probe_optimizer,
@@ -993,7 +1018,7 @@ SCENARIOS = {"fabric-ddp": fabric_ddp, "trainer-ddp": trainer_ddp,
              "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,
              "killed": killed, "four": four, "fsdp": fsdp, "local-scale": local_scale, "epochs": epochs,
              "apart-3000": apart_3000, "plain-check-sync": plain_check_sync, "muted": muted, "repeat": repeat,
-             "ends-first": ends_first, "sigterm": sigterm}
+             "ends-first": ends_first, "sigterm": sigterm, "guarded": guarded}
 
 
 def _drain(seconds):

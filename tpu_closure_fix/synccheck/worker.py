@@ -243,7 +243,7 @@ class Worker(object):
         self.moved = time.monotonic()  # when a check last moved: a rank counted in, a vote, an exchange
         self.stopping = False
         self.wake = threading.Condition(threading.Lock())
-        self.thread = threading.Thread(target=self._main, name=comm.WORKER_THREAD, daemon=True)
+        self.thread = _WorkerThread(self)
         self.pid = os.getpid()
 
     def start(self):
@@ -497,6 +497,33 @@ def _ranks(ranks):
     return rank_ranges(ranks)
 
 
+class _WorkerThread(threading.Thread):
+    """The worker's daemon thread, with the ``stop()`` that thread-leak guards call at a test's end (Lightning's
+    ``thread_police`` calls a daemon thread's ``stop`` and asserts it ended): :func:`retire`."""
+
+    def __init__(self, worker):
+        threading.Thread.__init__(self, target=worker._main, name=comm.WORKER_THREAD, daemon=True)
+        self._worker = worker
+
+    def stop(self):
+        retire(self._worker)
+
+
+def retire(worker):
+    """End one worker now, as the job's end would: the checks handed over are answered (at most
+    :func:`drain_bound` seconds) or said dropped, then its thread ends. A later check starts a new worker."""
+    with _lock:
+        for scope, each in list(_workers.items()):
+            if each is worker:
+                del _workers[scope]
+    if worker.pid != os.getpid() or worker.thread is threading.current_thread():
+        return
+    if worker.thread.is_alive():
+        drain(drain_bound(), EXIT_QUIET, workers=[worker])
+        _say_dropped([worker])
+    worker.stop()
+
+
 def _worker_failed(exc):
     _state["failed"] = "%s: %s" % (type(exc).__name__, exc)
     try:
@@ -517,7 +544,7 @@ def submit(job):
     scope = getattr(job.pending.channel, "worker_scope", "process")
     with _lock:
         worker = _workers.get(scope)
-        if worker is None or worker.pid != os.getpid():
+        if worker is None or worker.pid != os.getpid() or worker.stopping:
             worker = _workers[scope] = Worker(job.group).start()
             _watch_destroy()
             _watch_sigterm()
@@ -540,11 +567,12 @@ def stale(group):
     return worker is not None and worker.pid == os.getpid() and worker.group != group
 
 
-def drain(seconds, quiet=None):
-    """Wait at most ``seconds`` until every check handed over so far is answered; True when all are. ``quiet``:
-    give up sooner once all that is left waits for ranks and nothing moved for that long (:func:`stalled`)."""
+def drain(seconds, quiet=None, workers=None):
+    """Wait at most ``seconds`` until every check handed over so far (to ``workers``, default this process's) is
+    answered; True when all are. ``quiet``: give up sooner once all that is left waits for ranks and nothing moved
+    for that long (:func:`stalled`)."""
     deadline = time.monotonic() + seconds
-    for worker in _mine():
+    for worker in (_mine() if workers is None else workers):
         while worker.thread.is_alive() and not worker.idle():
             if time.monotonic() >= deadline or (quiet is not None and worker.stuck(quiet)):
                 return False
@@ -621,9 +649,9 @@ def dropped_line(jobs):
                                                                            else "s", steps))
 
 
-def _say_dropped():
+def _say_dropped(workers=None):
     jobs = []
-    for worker in _mine():
+    for worker in (_mine() if workers is None else workers):
         with worker.wake:
             jobs += [j for j in list(worker.queue) + list(worker.pending.values()) if not j.done]
     said = dropped_line(jobs)
