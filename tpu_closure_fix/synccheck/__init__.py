@@ -6,14 +6,16 @@ The check's parts, one module each:
   and its value sums, folded into one fixed-length vector per replica;
 * over which replicas -- :mod:`.groups`: each tensor over the ranks that must hold it equal (the whole
   world; a DTensor's Replicate mesh dimensions; neuronx-distributed's data-parallel groups; flat FSDP
-  shards are not compared);
+  shards are not compared); :mod:`.decisions`: what the zero-code check's first look decided per tensor,
+  kept with the tensor for its life;
 * how the replicas exchange it -- :mod:`.comm`: a gloo group of the check's own, entered only when every
   rank agreed it reached the check, through the process group's store or, on XLA without a process group,
   a store of the check's own (never an XLA collective); :mod:`.worker`: the zero-code check's agreement and
   exchange on a thread of their own per rank, off the training thread;
 * one check and its verdict -- :mod:`.compare` (``compare_replicas``, ``check_sync``);
 * when the zero-code check runs -- :mod:`.hook` (``TPU_CLOSURE_FIX_SYNC_CHECK``);
-* what is said -- :mod:`.report` (the ``SyncReport``, one warning per check from rank 0) and
+* what is said -- :mod:`.report` (the ``SyncReport``; one report per event from rank 0, on the
+  ``tpu_closure_fix.synccheck`` logger, the one path of every report) and
   :mod:`.callback` (the Lightning callback, which also logs metrics).
 
 Importing this package imports neither torch nor Lightning; docs/synccheck.md has the guarantees and
