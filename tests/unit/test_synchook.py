@@ -595,7 +595,8 @@ def test_each_check_says_its_outcome_in_one_info_line(verdict, caplog):
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert len(lines) == 2 and all(r.name.startswith("tpu_closure_fix.") for r in caplog.records), lines
     for n, line in zip((0, 1), lines):
-        assert re.fullmatch(r"sync check at step %d: identical over ranks 0-1, \d+\.\d ms" % n, line), line
+        assert re.fullmatch(r"sync check of SGD over param_groups\[0\]\[0\] at step %d: identical over ranks 0-1, "
+                            r"\d+\.\d ms" % n, line), line
 
 
 def test_an_info_line_says_how_many_tensors_it_did_not_compare(verdict, caplog):

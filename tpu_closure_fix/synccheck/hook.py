@@ -373,6 +373,8 @@ def _check(optimizer, stream, step):
         return
     if _named(report):
         _name_by_module(report, optimizer, stream)
+    else:
+        report.stream = _label(optimizer, stream)  # the info line says which optimizer it is about
     _delivered(report, stream, channel.rank, where, time.perf_counter() - started)
 
 
@@ -424,6 +426,8 @@ def _check_off_thread(optimizer, stream, step, channel):
             return  # every tensor set aside: said once, at the check that set them aside
         if _named(report):
             _apply_names(report, stream.module_paths[0], name)
+        else:
+            report.stream = name  # the info line says which optimizer it is about
         if getattr(stream, "raising", None) is not None or stream.stood_down == "raised":
             return  # the first divergence to raise stands (every rank agreed on its step); later ones add nothing
         if raise_at is not None:
