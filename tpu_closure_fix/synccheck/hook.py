@@ -287,7 +287,7 @@ def _count_and_check(optimizer):
         steps[0] += 1
         step = steps[0]
     _raise_if_due(stream, step)
-    if (step == 1 or step % _armed["every"] == 0) and stream.stood_down is None:
+    if (step == 1 or step % _armed["every"] == 0) and stream.stood_down is None and not _raising(stream):
         _check(optimizer, stream, step)
 
 
@@ -452,8 +452,8 @@ def _check_off_thread(optimizer, stream, step, channel):
             stream.raise_at, stream.raising = 0, error
 
     def _stand_down(exc):
-        if stream.stood_down is not None:
-            return  # one message per stream: its later checks fall with the first
+        if stream.stood_down is not None or _raising(stream):
+            return  # one message per stream: its later checks fall with the first, or with the agreed raise
         stream.stood_down = str(exc)
         if exc.broken:
             disarm()
@@ -475,6 +475,12 @@ def _check_off_thread(optimizer, stream, step, channel):
         stream.stood_down = worker.refusal_reason(job, _armed["every"], SYNC_CHECK_VAR)
         _say_once(("behind", stream.key), "tpu-closure-fix: the zero-code sync check stands down for %s at step "
                   "%d: %s. Training goes on." % (name, step, stream.stood_down), where)
+
+
+def _raising(stream):
+    """Whether the ranks agreed to raise this stream's divergence (not raised yet): the raise is its report, and
+    its later checks are neither taken nor said."""
+    return getattr(stream, "raising", None) is not None
 
 
 def _raise_if_due(stream, step):
