@@ -16,6 +16,9 @@ fenced ``text`` block, and is rendered by the function that prints it:
   distribution, the torch_xla guard in place and not (``report.render_compiled_only``, wrapped as ``status``
   wraps: ``textfit.fit``), for the items ``tests/unit/test_fresh_status.py`` gets from its stand-in.
 
+* ``matrix`` (docs/proof.md): the release matrix's closing table (``scripts/matrix.py``'s ``render``), from the
+  results kept in docs/matrix-results.json (``scripts/support_table.py --update-results`` / ``--merge-results``).
+
 tests/unit/test_doc_samples.py runs ``--check``. Python 3.8+, standard library and this repository's package.
 """
 import argparse
@@ -52,8 +55,33 @@ def compiled_only_sample():
     return textfit.fit("\n".join(report.render_compiled_only(COMPILED_ONLY)))
 
 
+def matrix_sample():
+    """scripts/matrix.py's table of the targets in docs/matrix-results.json, in the matrix's order; the rows hold
+    what the matrix's own rows hold (the status records are the sites present: patched, fixed upstream or
+    guarded)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tpu_closure_fix_matrix", os.path.join(REPO, "scripts",
+                                                                                         "matrix.py"))
+    matrix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(matrix)
+    with open(os.path.join(REPO, "docs", "matrix-results.json")) as handle:
+        results = json.load(handle)
+    rows = {}
+    for name, target in results["targets"].items():
+        status = target.get("status") or []
+        rows[name] = {"status": status, "verdict": target["verdict"],
+                      "sites_patched": sum(1 for r in status if r["verdict"] == "patched"),
+                      "sites_fixed_upstream": sum(1 for r in status if r["verdict"] == "fixed upstream"),
+                      "summary": {key: target.get(key) for key in ("steps_compared", "max_divergence_with_shim",
+                                                                    "max_divergence_without_shim")}}
+    names = [name for name in results["order"] if name in rows]
+    return matrix.render(names, rows)
+
+
 SAMPLES = {"demo": (os.path.join("docs", "demo.md"), demo_sample),
-           "compiled-only": (os.path.join("docs", "support.md"), compiled_only_sample)}
+           "compiled-only": (os.path.join("docs", "support.md"), compiled_only_sample),
+           "matrix": (os.path.join("docs", "proof.md"), matrix_sample)}
 
 
 def splice(text, name, sample):

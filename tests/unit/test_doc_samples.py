@@ -19,7 +19,7 @@ def test_every_sample_in_the_docs_is_up_to_date(capsys):
     assert _script().main(["--check"]) == 0, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["demo", "compiled-only"])
+@pytest.mark.parametrize("name", ["demo", "compiled-only", "matrix"])
 def test_a_sample_that_differs_from_the_code_is_found(name, tmp_path, monkeypatch, capsys):
     script = _script()
     document, render = script.SAMPLES[name]
