@@ -6,7 +6,7 @@ a constraint file holds (``torch==<installed release>``). A line passes when pip
 installs no torch. A line of :data:`tpu_closure_fix.install.INSTALLS` that names its own torch (torch_xla runs
 only beside the torch it was built for) is held to that torch instead, and must install exactly it.
 Needs the network (PyPI); pip downloads metadata, not wheels, for most packages. The lines resolve
-:data:`JOBS` at a time (most of a resolution waits on the network): 4 minutes for the 43 lines on 2 idle cores, 8 on a loaded machine.
+:data:`JOBS` at a time: 7 min for the 42 lines (about 3 min of CPU) at load average 5-7 on 2 cores.
 """
 import json
 import os
