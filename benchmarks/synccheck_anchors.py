@@ -381,8 +381,9 @@ def main():
         reps = 3 if args.smoke else args.reps or REPS[size]
         print("measuring %s M parameters (%d repetitions of each method, 2 gloo ranks) ..." % (size, reps), flush=True)
         results.append(measure(size, reps))
-    print("%s; torch %s; CPU hash: %s; medians of rank 0; held: the caller's wall time"
-          % (started, results[0]["torch"], "XXH3 (xxhash)" if results[0]["xxh3"] else "elementwise (no xxhash)"))
+    print("%s; torch %s; CPU hash: %s" % (started, results[0]["torch"], "XXH3 (xxhash)" if results[0]["xxh3"]
+                                           else "elementwise (no xxhash)"))
+    print("medians of rank 0; held: the caller's wall time")
     print_table(results)
     print("goals: (a), (c) on the time the training thread is held; (b) on the work of the whole check:")
     missed = goals(results)

@@ -323,12 +323,15 @@ def torch_version():
 
 
 def render(names, rows):
-    header = ("target", "release", "sites patched/fixed", "verdict", "steps", "max div (shim)", "max div (no shim)")
+    header = ("target", "release", "patched/fixed", "verdict", "steps", "max div (shim)", "max div (no shim)")
     table = [header]
     for name in names:
         row = rows[name]
         summary = row.get("summary") or {}
         releases = sorted({r["release"] for r in row.get("status", []) if r.get("release")})
+        own = name.split("==", 1)[-1].split("+", 1)[0]  # the target's own release first, the others counted
+        if len(releases) > 1 and own in releases:
+            releases = ["%s +%d" % (own, len(releases) - 1)]
         sites = ("%d/%d" % (row["sites_patched"], row["sites_fixed_upstream"])) if "sites_patched" in row else "-"
         table.append((
             name,

@@ -5,16 +5,16 @@ real-framework target at each end of that range (each test module holds its TPU_
     python scripts/pythons.py build [--results DIR] [--skip-minor 3.11]   # the venvs only (pip: mostly waiting)
     python scripts/pythons.py test  [--results DIR] [--skip-minor 3.11]   # build what is missing, then test
 
-``build`` makes one venv per interpreter under .cache/pythons/<minor>/venv with pytest, hypothesis,
-wrapt, packaging, xxhash and the torch of PLANS (none, where the interpreter has no torch to test with),
-then installs this checkout's wheel into it (not editable: the .pth and the start-up module are
-installed as a user gets them). A venv is kept while its stamp (the plan and the interpreter's full
-version) matches, so a second run only refreshes the wheel. ``test`` builds what is missing, then
-runs tests/unit in each venv (JUnit report results/junit-py<minor>-unit.xml; the cases marked
+``build`` makes one venv per interpreter under .cache/pythons/<minor>/venv with pytest, hypothesis, wrapt,
+packaging, xxhash (not on 3.13, whose unit suite runs without it) and the torch of PLANS (none where the
+interpreter has no torch to test with), then installs this checkout's wheel into it (not editable: the .pth
+and the start-up module are installed as a user gets them). A venv is kept while its stamp (the plan and the
+interpreter's full version) matches, so a second run only refreshes the wheel. ``test`` builds what is
+missing, then runs tests/unit in each venv (JUnit report results/junit-py<minor>-unit.xml; the cases marked
 ``many_ranks``, four or more processes, run in the base interpreter only) and the plan's targets
-(scripts/targets.py installs them into .cache/pythons/<minor>/targets with that interpreter;
-reports results/junit-py<minor>-<target>.xml). ``--skip-minor`` leaves out an interpreter whose
-unit tests another stage ran (scripts/test.sh: the base venv's); it is listed as such.
+(scripts/targets.py installs them into .cache/pythons/<minor>/targets with that interpreter; reports
+results/junit-py<minor>-<target>.xml). ``--skip-minor`` leaves out an interpreter whose unit tests another
+stage ran (scripts/test.sh: the base venv's); it is listed as such.
 
 Interpreters are looked up in pyenv (~/.pyenv/versions/<minor>.*, the newest patch) and then on
 PATH (python<minor>). An interpreter that is absent is listed as absent and runs nothing: it is
@@ -48,7 +48,9 @@ TEST_TOOLS = ("pytest", "hypothesis", "wrapt", "packaging", "xxhash", "typing_ex
 #: CUDA libraries inside (776 MB, nothing else to download; pytorch-lightning 1.8.6 supported it);
 #: 3.13 gets 2.14.1, whose CUDA libraries (about 3 GB) are on this machine's local index.  The other
 #: interpreters run the unit tests that need no torch; the rest skip and say so.
-#: targets: (scripts/targets.py target, its test modules under tests/target).
+#: targets: (scripts/targets.py target, its test modules under tests/target).  without: test tools left out of
+#: the venv: 3.13 runs without xxhash (this package is installed --no-deps), so SyncCheck's elementwise hash, the
+#: configuration docs/synccheck.md supports where xxhash does not import, is what its unit suite tests.
 PLANS = {
     "3.8": {"torch": "torch==1.12.1", "extra": (),
             "targets": (("pytorch-lightning==1.8.6",
@@ -57,7 +59,7 @@ PLANS = {
     "3.10": {"torch": None, "extra": (), "targets": ()},
     "3.11": {"torch": "torch==2.13.0", "extra": (), "targets": ()},
     "3.12": {"torch": None, "extra": (), "targets": ()},
-    "3.13": {"torch": "torch==2.14.1", "extra": (),
+    "3.13": {"torch": "torch==2.14.1", "extra": (), "without": ("xxhash",),
              "targets": (("lightning-fabric==2.6.6",
                           ("test_activation.py", "test_event_order.py", "test_replicas.py")),
                          ("accelerate==1.15.0", ("test_accelerate.py",)))},
@@ -99,9 +101,14 @@ def venv_python(minor):
     return os.path.join(venv_dir(minor), "bin", "python")
 
 
+def test_tools(minor):
+    """The test tools the venv of ``minor`` gets: :data:`TEST_TOOLS` but its plan's ``without``."""
+    return tuple(tool for tool in TEST_TOOLS if tool not in PLANS[minor].get("without", ()))
+
+
 def stamp_text(minor, version):
     plan = PLANS[minor]
-    return json.dumps({"format": STAMP_FORMAT, "python": version, "tools": TEST_TOOLS, "torch": plan["torch"],
+    return json.dumps({"format": STAMP_FORMAT, "python": version, "tools": test_tools(minor), "torch": plan["torch"],
                        "extra": plan["extra"]}, sort_keys=True)
 
 
@@ -137,7 +144,7 @@ def build_venv(minor, interpreter, version):
         log("!! %s: creating the venv failed:\n%s" % (minor, proc.stdout[-2000:]))
         return False
     plan = PLANS[minor]
-    wants = list(TEST_TOOLS) + list(plan["extra"]) + ([plan["torch"]] if plan["torch"] else [])
+    wants = list(test_tools(minor)) + list(plan["extra"]) + ([plan["torch"]] if plan["torch"] else [])
     ok, out = pip(venv_python(minor), ["install", "-q"] + wheel_links() + wants)
     if not ok:
         log("!! %s: pip install %s failed:\n%s" % (minor, " ".join(wants), out[-3000:]))

@@ -9,8 +9,8 @@ Usage::
     python scripts/support_table.py --merge-results DIR/matrix.json  # a partial run's targets into it, then rewrite
     python scripts/support_table.py --print          # print the full table only
 
-Two generated blocks: the full table in docs/support.md (one row per call-site
-row, with its matrix evidence) and README.md's compact summary (framework x
+Two generated blocks: the full table in docs/support.md (one list entry per call-site
+row, with its matrix evidence, lines of at most 120 columns) and README.md's compact summary (framework x
 release range x verdict: consecutive rows of one package with the same verdict
 merged into one range, and how many matrix targets passed on them).
 
@@ -200,40 +200,56 @@ def unlisted(targets):
     return out
 
 
+#: The widest line of the generated list (docs/support.md): long cells wrap onto indented lines.
+WIDTH = 120
+
+
+def _item(prefix, text, indent):
+    """``text`` as a list item starting with ``prefix``, wrapped at :data:`WIDTH`, continued at ``indent``."""
+    import textwrap
+
+    return textwrap.wrap(text, WIDTH, initial_indent=prefix, subsequent_indent=" " * indent,
+                         break_long_words=False, break_on_hyphens=False) or [prefix.rstrip()]
+
+
+def _row_block(integration, releases, call_site, verdict, fix, checks):
+    """One row of the table as a nested list: what and where, then its verdict, fix and matrix evidence."""
+    lines = _item("- ", "**%s** · %s · %s" % (integration, releases, call_site), 2)
+    lines += _item("  - ", "verdict: %s" % verdict, 4)
+    lines += _item("  - ", "fix: %s" % fix, 4)
+    if not checks:
+        return lines + _item("  - ", "verified by the release matrix: not in the matrix", 4)
+    lines += ["  - verified by the release matrix:"]
+    for check in checks:
+        lines += _item("    - ", check, 6)
+    return lines
+
+
 def build_table(results):
+    """The full table as a list, one entry per call-site row (then the affected code no row patches), each
+    line at most :data:`WIDTH` columns."""
     from tpu_closure_fix.sites import CALL_SITES
 
     targets = results.get("targets") or {}
     order = [n for n in (results.get("order") or sorted(targets)) if n in targets]
-    lines = [
-        "| integration | releases | call site | verdict | fix | verified by the release matrix |",
-        "|---|---|---|---|---|---|",
-    ]
+    lines = ["Each entry: integration · releases · call site; then its verdict, its fix and what the release "
+             "matrix verified.", ""]
     for site in CALL_SITES:
         checks = [e for e in (evidence(site, name, targets[name]) for name in order) if e]
-        lines.append("| %s | %s `%s` | `%s:%s` | %s | %s | %s |" % (
-            site.integration,
-            site.package,
-            site.releases,
-            site.module,
-            site.qualname,
-            verdict_of(site),
-            strategy_of(site),
-            "<br>".join(checks) if checks else "not in the matrix",
-        ))
+        lines += _row_block(site.integration, "%s `%s`" % (site.package, site.releases),
+                            "`%s:%s`" % (site.module, site.qualname), verdict_of(site), strategy_of(site), checks)
     for row in unlisted(targets):
-        lines.append("| %s | %s `%s` | `%s` | %s | %s | %s |" % (
-            row["integration"], row["package"], row["releases"], row["call_site"], row["verdict"], row["fix"],
-            "<br>".join(row["evidence"]) if row["evidence"] else "not in the matrix"))
+        lines += _row_block(row["integration"], "%s `%s`" % (row["package"], row["releases"]),
+                            "`%s`" % row["call_site"], row["verdict"], row["fix"], row["evidence"])
     if targets:
         passed = sum(1 for t in targets.values() if t.get("verdict") == "pass")
         lines.append("")
-        lines.append("Release matrix: %d/%d targets pass (torch %s, Python %s, %s). Scenarios: 2 gloo replicas, "
-                     "the frameworks' real loops, only torch_xla (and the Neuron SDK) replaced; see "
-                     "tests/target/test_replicas.py (Lightning), tests/target/test_accelerate.py (accelerate) and "
-                     "tests/target/test_optimum_neuron.py (optimum-neuron)."
-                     % (passed, len(targets), results.get("torch"), results.get("python"),
-                        (results.get("generated") or "")[:10]))
+        lines += _item("", "Release matrix: %d/%d targets pass (torch %s, Python %s, %s). Scenarios: 2 gloo replicas, "
+                       "the frameworks' real loops, only torch_xla (and the Neuron SDK) replaced; see "
+                       "tests/target/test_replicas.py (Lightning), tests/target/test_accelerate.py (accelerate) and "
+                       "tests/target/test_optimum_neuron.py (optimum-neuron)."
+                       % (passed, len(targets), results.get("torch"), results.get("python"),
+                          (results.get("generated") or "")[:10]), 0)
     else:
         lines.append("")
         lines.append("No matrix results yet: run `python scripts/matrix.py` then "

@@ -9,16 +9,16 @@
 #                                        pytorch-lightning 1.8.6 on 3.8, lightning-fabric 2.6.6 and
 #                                        accelerate 1.15.0 on 3.13)
 # and ends with one closing line 'N passed, N failed, N skipped' over all of them.
-# Once the base venv is ready, everything but the matrix runs as a background lane beside it (unit tests,
-# README and package checks, the matrix's wheel downloads, the torch_xla venvs and tiers, the other
-# interpreters): on 2 cores the run is bound by the CPU time of all stages together, so no stage waits
-# for one it does not need. The matrix starts once its wheels are fetched and runs its targets two at a
-# time; afterwards the property tests and the benchmarks' smoke mode; then each lane's output is printed
-# and its exit code counted. Options go to scripts/matrix.py (`--smoke`: one target per call-site family;
-# `--targets A,B`; `--no-prune` keeps every target folder, about 2.3 GiB, instead of deleting each after
-# its tests: its wheels stay cached in .cache/wheels either way).  Disk under .cache/: the two torch_xla
-# venvs take 5.1 GiB (2.1) and 7.1 GiB (2.9) (du -h) and are kept for the next run; with the base venv,
-# the demo's dependencies, the other interpreters' venvs, the wheel cache and the matrix's two target
+# Once the base venv is ready, everything but the matrix runs as a background lane beside it (unit tests, README
+# and package checks, the fixes' install lines resolved by today's pip (tests/fixlines), the matrix's wheel
+# downloads, the torch_xla venvs and tiers, the other interpreters): on 2 cores the run is bound by the CPU time
+# of all stages together, so no stage waits for one it does not need. The matrix starts once its wheels are
+# fetched and runs its targets two at a time; afterwards the property tests and the benchmarks' smoke mode; then
+# each lane's output is printed and its exit code counted. Options go to scripts/matrix.py (`--smoke`: one
+# target per call-site family; `--targets A,B`; `--no-prune` keeps every target folder, about 2.3 GiB, instead
+# of deleting each after its tests: its wheels stay cached in .cache/wheels either way).  Disk under .cache/:
+# the two torch_xla venvs take 5.1 GiB (2.1) and 7.1 GiB (2.9) (du -h) and are kept for the next run; with the
+# base venv, the demo's dependencies, the other interpreters' venvs, the wheel cache and the matrix's two target
 # folders .cache/ ends at about 21 GiB. Figures of a fresh-clone run: docs/ci.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +58,13 @@ readme_and_package() {
   pytest_step readme tests/readme
   echo "== the package as it would be published: sdist and wheels, twine check, installed in fresh venvs (tests/package)"
   pytest_step package tests/package
+}
+
+fix_lines() {  # network: every pip line the tool prints for a call-site row, resolved by today's pip
+  echo "== the fixes' install lines, resolved by today's pip beside the installed torch (tests/fixlines)"
+  started=$(date +%s)
+  pytest_step fixlines tests/fixlines
+  echo "   (fix lines resolved in $(( $(date +%s) - started )) s)"
 }
 
 matrix_downloads() {  # network: the matrix's wheels, then the demo's dependencies (tests/target/test_demo.py)
@@ -117,6 +124,7 @@ unit_tests() {
 base_minor=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 TPU_CLOSURE_FIX_PORT_BLOCK=2 lane readme-package readme_and_package
 lane matrix-downloads matrix_downloads "$@"
+lane fixlines fix_lines
 TPU_CLOSURE_FIX_PORT_BLOCK=3 lane xla-tiers xla_tiers
 TPU_CLOSURE_FIX_PORT_BLOCK=4 lane other-pythons other_pythons
 
@@ -139,6 +147,7 @@ done
 
 finish_lane unit
 finish_lane readme-package
+finish_lane fixlines
 finish_lane other-pythons
 finish_lane xla-tiers
 disk

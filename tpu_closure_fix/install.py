@@ -13,6 +13,7 @@ site-packages (never ``--target``, whose folder Python reads no start-up file fr
 """
 import os
 import shlex
+from collections import namedtuple
 
 #: The distribution name of this project (pyproject.toml).
 DISTRIBUTION = "tpu-closure-fix"
@@ -136,10 +137,101 @@ def site_fix(record, row=None):
     return "pin a release docs/support.md lists: `%s`" % pin_command(row)
 
 
+#: A line that installs with today's pip beside the interpreter's torch, where the plain one does not: for every
+#: release of ``distribution`` in ``releases`` (``>=A,<B``), ``pip install DIST==RELEASE`` and, for a call-site
+#: row whose whole range lies in ``releases``, ``pip install 'DIST<range>'`` fail; ``line`` (the arguments after
+#: ``pip install``) installs the nearest release that does, with the pins it needs to import beside torch 2.x;
+#: ``why`` says what fails. ``torch``: the torch release the line installs (None: it leaves torch as it is); such
+#: an entry stands for its rows only, a release of its own (a copy beside the script) installing as it is.
+#: Each line is resolved by today's pip in the tests (tests/fixlines), beside a held torch.
+Install = namedtuple("Install", "distribution releases line why torch")
+INSTALLS = (
+    Install("pytorch-lightning", ">=1.3.0,<1.4.0",
+            "pytorch-lightning==1.4.9 torchmetrics==0.5.0 'numpy<2' 'protobuf<4' 'setuptools<82'",
+            "it needs PyYAML<=5.4.1, which has no wheel for Python 3.10+ and whose source no longer builds", None),
+    Install("pytorch-lightning", ">=1.5.4,<1.6.0",
+            "pytorch-lightning==1.5.3 torchmetrics==0.7.2 'numpy<2' 'protobuf<4' 'setuptools<82'",
+            "its metadata torch>=1.7.* is invalid since pip 24.1; 1.5.10.post0 pins setuptools==59.5.0, "
+            "which torch 2.x refuses", None),
+    Install("pytorch-lightning", ">=1.6.0,<1.6.5.post0",
+            "pytorch-lightning==1.6.5.post0 torchmetrics==0.9.2 'numpy<2' 'protobuf<4' 'setuptools<82'",
+            "its metadata torch>=1.8.* is invalid since pip 24.1", None),
+    Install("pytorch-lightning", ">=1.7.0,<1.8.4",
+            "pytorch-lightning==1.8.6 torchmetrics==0.11.4 lightning-utilities==0.4.2 'numpy<2' 'setuptools<82'",
+            "its metadata torch>=1.9.* is invalid since pip 24.1", None),
+    Install("lightning-lite", ">=1.8.0,<1.8.4",
+            "lightning-lite==1.8.6 lightning-utilities==0.4.2 'numpy<2' 'setuptools<82'",
+            "its metadata torch>=1.9.* is invalid since pip 24.1", None),
+    Install("lightning", ">=1.8.0,<1.8.4",
+            "lightning==1.8.6 torchmetrics==0.11.4 lightning-utilities==0.4.2 'numpy<2' 'setuptools<82'",
+            "its metadata torch>=1.9.* is invalid since pip 24.1", None),
+    Install("torch-xla", ">=2.1.0,<2.10",
+            "torch==2.9.0 torch-xla==2.9.0",
+            "torch_xla runs only beside the torch release it was built for", "2.9.0"),
+)
+
+
+def _bounds(releases):
+    """``(lowest, above)`` Versions of a ``>=A,<B`` specifier (None where a side is open)."""
+    from packaging.version import Version
+
+    low = high = None
+    for clause in releases.split(","):
+        clause = clause.strip()
+        if clause.startswith(">="):
+            low = Version(clause[2:])
+        elif clause.startswith("<") and not clause.startswith("<="):
+            high = Version(clause[1:])
+    return low, high
+
+
+def _entry_for_range(distribution, releases):
+    """The :data:`INSTALLS` entry of ``distribution`` whose releases hold the whole range ``releases``."""
+    low, high = _bounds(releases)
+    for entry in INSTALLS:
+        if entry.distribution != distribution:
+            continue
+        entry_low, entry_high = _bounds(entry.releases)
+        if (entry_low is None or (low is not None and entry_low <= low)) and \
+                (entry_high is None or (high is not None and high <= entry_high)):
+            return entry
+    return None
+
+
+def install_entry(distribution, release):
+    """The :data:`INSTALLS` entry whose releases hold ``release`` of ``distribution`` (one that leaves torch
+    alone), or None."""
+    from .releases import in_range
+
+    for entry in INSTALLS:
+        if entry.distribution == distribution and entry.torch is None and in_range(release, entry.releases):
+            return entry
+    return None
+
+
+def row_distribution(row):
+    """The distribution a call-site row's pin names: the first one of its ``distribution`` cell."""
+    return row.distribution.split(" | ")[0].split(" (")[0]
+
+
 def pin_command(row):
-    """``pip install '<distribution><releases>'`` of a call-site row (its first distribution named)."""
-    name = row.distribution.split(" | ")[0].split(" (")[0]
+    """The ``pip install ...`` that puts a release of a call-site row in place: ``'<distribution><releases>'``, or
+    the :data:`INSTALLS` line where no release of that range installs with today's pip."""
+    name = row_distribution(row)
+    entry = _entry_for_range(name, row.releases)
+    if entry is not None:
+        return "pip install %s" % entry.line
     return "pip install %s" % shlex.quote("%s%s" % (name, row.releases))
+
+
+def release_command(distribution, release):
+    """``(command, why)``: the ``pip install ...`` of ``release`` of ``distribution``, and None; or, where that
+    release does not install with today's pip (:data:`INSTALLS`), the line of the nearest release that does,
+    and why the release's own line fails."""
+    entry = install_entry(distribution, release)
+    if entry is not None:
+        return "pip install %s" % entry.line, entry.why
+    return "pip install %s" % shlex.quote("%s==%s" % (distribution, release)), None
 
 
 def newest_row(module):

@@ -9,8 +9,9 @@ from a clone (``pip install .``) until the package is on PyPI. What differs from
 * torch is the one installed first (``torch==2.13.0``, the local CPU build; a TPU image has its own),
   so pip does not pull a multi-GB CUDA build for the demo's Lightning.
 
-``bash scripts/main.sh`` and ``bash scripts/test.sh`` are the repository's own commands (this test is
-part of the second); they are checked by CI running them, not here.
+``bash scripts/quick.sh``, ``bash scripts/main.sh`` and ``bash scripts/test.sh`` are the repository's own
+commands (this test is part of the last, which runs the unit tests of the first); they are checked by CI running
+them, not here.
 """
 import os
 import re
@@ -22,7 +23,8 @@ import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCUMENTS = ("README.md", os.path.join("docs", "demo.md"))
-REPOSITORY_COMMANDS = ("bash scripts/main.sh", "bash scripts/test.sh", "bash scripts/demo.sh")
+REPOSITORY_COMMANDS = ("bash scripts/quick.sh", "bash scripts/main.sh", "bash scripts/test.sh",
+                       "bash scripts/demo.sh")
 TIMEOUT = 1200
 
 #: command as written -> the exit code the documents promise for it in a venv with nothing but

@@ -118,8 +118,8 @@ def test_core_module_names_no_lightning_module_or_class(path):
 
 
 def test_the_verdict_rules_are_one_list_in_the_engine_and_the_docs():
-    """engine._decide numbers its rules 1-13 in order and examine() holds rule 14; docs/ARCHITECTURE.md and
-    docs/verification.md list the same 14 rules."""
+    """engine._decide numbers its rules 1-13 in order and examine() holds rule 14; docs/ARCHITECTURE.md writes the
+    same 14 rules out once, and docs/verification.md links there instead of listing them again."""
     import inspect
     import re
 
@@ -129,9 +129,10 @@ def test_the_verdict_rules_are_one_list_in_the_engine_and_the_docs():
     assert numbers == list(range(1, 14)), numbers
     assert re.search(r"# Rule 14 \(last\)", inspect.getsource(engine.examine))
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for name in ("ARCHITECTURE.md", "verification.md"):
-        with open(os.path.join(repo, "docs", name)) as handle:
-            text = handle.read()
-        listed = [int(n) for n in re.findall(r"^(\d+)\. ", text.split("rule list" if name == "verification.md"
-                                                                        else "the rules, in order")[1], re.M)]
-        assert listed[:14] == list(range(1, 15)), (name, listed)
+    with open(os.path.join(repo, "docs", "ARCHITECTURE.md")) as handle:
+        section = handle.read().split("## A site's verdict: the rules, in order")[1].split("\n## ")[0]
+    assert [int(n) for n in re.findall(r"^(\d+)\. ", section, re.M)] == list(range(1, 15))
+    with open(os.path.join(repo, "docs", "verification.md")) as handle:
+        text = handle.read()
+    assert "(ARCHITECTURE.md#a-sites-verdict-the-rules-in-order)" in text
+    assert not re.search(r"^\d+\. no row names the site", text, re.M | re.I)

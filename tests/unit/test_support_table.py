@@ -43,8 +43,16 @@ def _results():
 
 
 def _line(table, variant_releases):
-    (line,) = [l for l in table.splitlines() if variant_releases in l]
-    return line
+    """The entry (a list item of docs/support.md, or a row of README's table) holding ``variant_releases``, as one
+    line: its wrapped lines joined again."""
+    entries = []
+    for line in table.splitlines():
+        if line.startswith(("- ", "|")) or not entries:
+            entries.append(line)
+        elif line.startswith(" "):
+            entries[-1] += " " + line.strip()
+    (entry,) = [e for e in entries if variant_releases in e]
+    return entry
 
 
 def test_accelerate_row_lists_the_accelerate_scenarios_with_their_divergence():
@@ -62,7 +70,7 @@ def test_rows_of_another_integration_take_none_of_its_scenarios():
     assert "`lightning-fabric==2.6.6`: sgd = reference bitwise; without shim diverge (max 0.25)" in fabric
     assert "accelerate==1.15.0" not in fabric
     older = _line(table, "accelerate `>=0.28.0,")  # no target carries this row
-    assert older.endswith("| not in the matrix |")
+    assert older.endswith("verified by the release matrix: not in the matrix")
 
 
 def test_a_row_whose_target_ran_no_scenario_says_only_its_status():
@@ -95,14 +103,14 @@ def test_the_guard_row_is_credited_with_the_plain_loop_scenarios_over_the_test_d
 def test_without_plain_loop_scenarios_the_guard_row_is_not_in_the_matrix():
     script = _script()
     guard = _line(script.build_table(_results()), "torch_xla `>=2.1.0")
-    assert guard.endswith("| not in the matrix |")
+    assert guard.endswith("verified by the release matrix: not in the matrix")
 
 
 def test_a_row_of_an_installed_package_takes_no_scenarios_from_a_target_without_its_release():
     script = _script()
     table = script.build_table(_with_guard_scenarios())
     older = _line(table, "lightning_fabric.plugins.precision.tpu:TPUPrecision.")  # the target carries the package, not this row
-    assert older.endswith("| not in the matrix |")
+    assert older.endswith("verified by the release matrix: not in the matrix")
 
 
 def _with_neuron_0_0_28(verdict):
@@ -133,7 +141,7 @@ def test_the_guarded_optimum_neuron_line_takes_no_target_whose_status_is_not_gua
     """The twin: the same target reporting 'skipped' (the guard not in place) verifies nothing."""
     script = _script()
     line = _line(script.build_table(_with_neuron_0_0_28("skipped")), "optimum.neuron `>=0.0.24,<0.1.0`")
-    assert line.endswith("| not in the matrix |")
+    assert line.endswith("verified by the release matrix: not in the matrix")
     assert _line(script.build_summary(_with_neuron_0_0_28("skipped")), ">= 0.0.24, <= 0.0.28").endswith("| - |")
 
 

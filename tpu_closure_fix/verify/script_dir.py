@@ -142,9 +142,9 @@ def reason(found, directory, python=None):
     more = " (and %d more)" % (len(found) - 1) if len(found) > 1 else ""
     release = " %s" % first["release"] if first["release"] else ""
     return ("%s%s at %s%s is what a script run from %s imports (Python searches the script's directory first); "
-            "status never runs code from there (a script elsewhere: name it with --script). Fix: install it into the "
-            "interpreter, `%s`, and move %s out of %s" % (first["package"], release, first["path"], more, directory,
-                                                          install_command(first, python), first["path"], directory))
+            "status never runs code from there (a script elsewhere: name it with --script). Fix: %s, and move %s out "
+            "of %s" % (first["package"], release, first["path"], more, directory, install_step(first, python),
+                       first["path"], directory))
 
 
 def scan_failure(directory, exc):
@@ -169,18 +169,30 @@ def scan_failure(directory, exc):
 
 
 def install_command(found, python=None):
-    """``PYTHON -m pip install '<distribution>==<release>'`` of a package found in the script's directory (its
-    distribution: the call-site table's for that package); without a release read, the newest verified range."""
+    """``(command, why)``: ``PYTHON -m pip install '<distribution>==<release>'`` of a package found in the script's
+    directory (its distribution: the call-site table's for that package), or the line of the nearest release that
+    installs with today's pip where that one does not (``why``: what fails, else None); without a release read,
+    the newest verified range."""
     import shlex
 
     from .. import install
     from ..sites import CALL_SITES
 
     rows = [row for row in CALL_SITES if row.package == found["package"]]
+    why = None
     if found.get("release") and rows:
-        name = rows[0].distribution.split(" | ")[0].split(" (")[0]
-        command = "pip install %s" % shlex.quote("%s==%s" % (name, found["release"]))
+        command, why = install.release_command(install.row_distribution(rows[0]), found["release"])
     else:
         row = install.newest_row(found["package"])
         command = install.pin_command(row) if row is not None else "pip install %s" % found["package"]
-    return "%s -m %s" % (shlex.quote(python), command) if python else command
+    return ("%s -m %s" % (shlex.quote(python), command) if python else command), why
+
+
+def install_step(found, python=None):
+    """The fix's step that puts the package found beside the script into the interpreter: its own release, or the
+    nearest one that installs, saying why."""
+    command, why = install_command(found, python)
+    if why is None:
+        return "install it into the interpreter, `%s`" % command
+    return ("install into the interpreter the nearest release that installs (%s %s does not: %s), `%s`"
+            % (found["package"], found["release"], why, command))

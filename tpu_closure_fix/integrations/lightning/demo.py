@@ -147,6 +147,20 @@ def _summarize(results):
     }
 
 
+def _title(runs, replicas):
+    return ("%s Trainer + TPUPrecisionPlugin, %d simulated TPU replicas (processes over gloo), load_digits, %d steps"
+            % (runs[0][1]["lightning"], replicas, runs[0][1]["steps"]))
+
+
+def _report(runs, replicas):
+    """What the demo prints of its runs (``[(label, summary)]``): the title, wrapped at 120 columns, and the table
+    (docs/demo.md shows it, regenerated from docs/demo-results.json by scripts/doc_samples.py)."""
+    import textwrap
+
+    lines = textwrap.wrap(_title(runs, replicas), 120, subsequent_indent="    ") + _table(runs).split("\n")
+    return "\n".join(line.rstrip() for line in lines)
+
+
 def _table(runs):
     lines = ["%-9s %-8s %12s %14s %18s  %s" % ("run", "replica", "final loss", "test accuracy",
                                                 "max divergence", "SyncCheck")]
@@ -235,8 +249,7 @@ def run(args):
         finally:
             if bar is not None:
                 bar.close()
-    title = ("%s Trainer + TPUPrecisionPlugin, %d simulated TPU replicas (processes over gloo), "
-             "load_digits, %d steps" % (runs[0][1]["lightning"], args.replicas, runs[0][1]["steps"]))
+    title = _title(runs, args.replicas)
     png = os.path.abspath(args.png) if args.png else os.path.join(out, "demo.png")
     if os.path.dirname(png):
         os.makedirs(os.path.dirname(png), exist_ok=True)
@@ -244,8 +257,7 @@ def run(args):
     _tensorboard(runs, os.path.join(out, "tensorboard"))
     with open(os.path.join(out, "results.json"), "w") as handle:
         json.dump({label: s for label, s in runs}, handle, indent=1)
-    print(title)
-    print(_table(runs))
+    print(_report(runs, args.replicas))
     off, on = runs[0][1], runs[1][1]
     print("\nWithout the shim each replica steps with its own gradients: parameters differ by up to %.3g. "
           "With it they are %s." % (off["max_divergence"], "bitwise identical" if on["max_divergence"] == 0
