@@ -11,7 +11,7 @@ default, or ``--python PATH`` -- with the caller's environment and interpreter f
    would be imported from, which site directories hold the ``.pth`` file, the interpreter's flags;
 2. then, importing the shim held back (the interpreter's own copy, or, when it cannot import one, this
    process's, only to read the call-site table) and activating it only where the start-up hook would, every
-   site's record (:func:`tpu_closure_fix.report.payload`): what a script started there runs. Where the hook
+   site's record (:func:`tpu_closure_fix.outcome.payload.build`): what a script started there runs. Where the hook
    does not run, a site the shim would patch is ``unpatched (start-up hook inactive)``, never ``patched``.
 
 :func:`startup_hook` turns the facts of (1) into "active" or "inactive, because ...", one numbered rule
@@ -54,7 +54,8 @@ facts["pth_in"] = [d for d in _dirs if os.path.isfile(os.path.join(d, __PTH__))]
 
 # Then: the shim (the interpreter's own, else this process's copy, last on the path) lists every site. It is
 # imported held back (switched off, the zero-code check not asked for): the interpreter that trains activates it
-# only through its start-up hook, so report.child_main activates it only where that hook runs.
+# only through its start-up hook, so child_main (tpu_closure_fix.outcome.payload; in a release before it,
+# tpu_closure_fix.report) activates it only where that hook runs.
 _REPORT = r"""
 if _spec is None:
     sys.dont_write_bytecode = True  # the lent copy is this process's: nothing written into it
@@ -63,13 +64,17 @@ _held = {name: os.environ.pop(name, None) for name in __HELD__}
 os.environ["TPU_CLOSURE_FIX"] = "0"
 try:
     try:
-        from tpu_closure_fix import report as _report
+        import tpu_closure_fix
+        try:
+            from tpu_closure_fix.outcome.payload import child_main as _child_main
+        except ImportError:
+            from tpu_closure_fix.report import child_main as _child_main
     finally:
         for _name, _value in _held.items():
             os.environ.pop(_name, None)
             if _value is not None:
                 os.environ[_name] = _value
-    _report.child_main(facts)
+    _child_main(facts)
 except Exception as exc:
     import json
     facts["error"] = "%s: %s" % (type(exc).__name__, exc)
