@@ -13,7 +13,7 @@ def _cmd_status(args):
     if args.here:
         evidence = payload.receive(payload.build(fresh.facts_here()))
     else:
-        evidence = payload.receive(*fresh.run_status(python=args.python, script=args.script),
+        evidence = payload.receive(*fresh.run_status(python=args.python, script=args.script, timeout=args.timeout),
                                    asked=args.python)
     outcome = decide.decide(evidence)
     if args.json:
@@ -24,7 +24,7 @@ def _cmd_status(args):
 
 
 def build_parser():
-    from .arguments import existing_python
+    from .arguments import TIMEOUT_HELP, existing_python, positive_seconds
 
     parser = argparse.ArgumentParser(
         prog="tpu-closure-fix",
@@ -46,6 +46,7 @@ def build_parser():
     from .verify.script_dir import SCRIPT_HELP, script_argument
 
     status.add_argument("--script", metavar="PATH", type=script_argument, help=SCRIPT_HELP)
+    status.add_argument("--timeout", metavar="SECONDS", type=positive_seconds, default=600, help=TIMEOUT_HELP)
     status.add_argument("--here", action="store_true", help=argparse.SUPPRESS)  # this process (test doubles)
     status.set_defaults(func=_cmd_status)
     from . import check, launcher

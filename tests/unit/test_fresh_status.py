@@ -732,7 +732,7 @@ def test_a_relative_pythonpath_entry_twin_ignored_by_the_interpreter_does_not_ma
     monkeypatch.setenv("PYTHONPATH", "deps")
     started = []
     monkeypatch.setattr(fresh.child, "run_child", lambda *a, **k: started.append(a) or SimpleNamespace(
-        payload={"facts": {}}, error=None))
+        payload={"facts": {}}, error=None, timed_out=False))
     assert fresh.run_status(flags=flags) == ({"facts": {}}, None) and len(started) == 1
 
 

@@ -151,7 +151,8 @@ NO_PKG_RESOURCES = IMPORT_FAILED + "ModuleNotFoundError: No module named 'pkg_re
 #: The site modules pytorch-lightning 1.8.6 (and the lightning-lite 1.8.6 it pulls) install: every one fails to
 #: import where setuptools 81 or later is installed (both import pkg_resources at start).
 IN_1_8_6 = ("pytorch_lightning.core.lightning", "pytorch_lightning.core.optimizer",
-            "pytorch_lightning.accelerators.tpu", "pytorch_lightning.plugins.precision.tpu", "pytorch_lightning.plugins.precision.tpu_bf16",
+            "pytorch_lightning.accelerators.tpu", "pytorch_lightning.plugins.precision.tpu",
+            "pytorch_lightning.plugins.precision.tpu_bf16",
             "lightning_lite.plugins.precision.tpu", "lightning_lite.plugins.precision.tpu_bf16")
 
 
@@ -216,7 +217,7 @@ def test_status_starts_one_interpreter_and_inspects_its_start_up_hook_once(monke
         given["startup_hook"] = {"active": True, "reason": "armed at interpreter start by the start-up module"}
     started = []
     monkeypatch.setattr(child, "run_child", lambda *a, **k: started.append(a) or SimpleNamespace(
-        payload=json.loads(json.dumps(given)), error=None))
+        payload=json.loads(json.dumps(given)), error=None, timed_out=False))
     assert cli.main(["status", "--json"]) == 0
     assert len(started) == 1 and len(hook_calls) == (0 if with_hook else 1), (started, hook_calls)
     assert json.loads(capsys.readouterr().out)["outcome"] == "protected"

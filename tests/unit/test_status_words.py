@@ -65,3 +65,62 @@ def test_status_in_a_torch_only_venv_says_the_training_process_arms_the_check(tm
     assert ("zero-code sync check: armed at the first optimizer step of a process that imports torch: every 5 steps, "
             "on divergence: warn") in said, proc.stdout
     assert "not imported in this process" not in said
+
+
+# --------------------------------------------------------------------------- an interpreter that hangs
+def _hanging_python(tmp_path):
+    """An executable that never answers (as an interpreter stuck on a network file system does)."""
+    path = tmp_path / "python"
+    path.write_text("#!/bin/sh\nsleep 300\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_waiting_for_an_interpreter_says_what_it_waits_for_once(tmp_path):
+    said = []
+    started = time.monotonic()
+    got, error = fresh.run_status(python=_hanging_python(tmp_path), flags=[], timeout=2, notice_after=0.5,
+                                  notice=said.append)
+    assert time.monotonic() - started < 30 and got is None, error
+    assert error.startswith("%s did not list its call sites within 2 s (--timeout; its processes were ended). Fix: "
+                            "make `%s -c pass` return, or give it more time: `--timeout SECONDS`"
+                            % ((tmp_path / "python",) * 2)), error
+    assert said == [fresh.waiting_line(str(tmp_path / "python"), 2)], said
+    assert said[0].startswith("tpu-closure-fix: waiting for %s to list its call sites" % (tmp_path / "python"))
+    assert "--timeout SECONDS" in said[0]
+
+
+def test_twin_an_interpreter_that_answers_in_time_gets_no_waiting_line():
+    said = []
+    fresh.run_status(flags=[], notice_after=120, notice=said.append)
+    assert said == []
+
+
+def test_status_timeout_flag_ends_the_wait_with_its_line_on_stderr(tmp_path):
+    env = dict(os.environ, PYTHONPATH=REPO, COLUMNS="80")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", "status", "--python", _hanging_python(tmp_path),
+                           "--timeout", "7"], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=str(tmp_path))
+    assert proc.returncode == 3 and time.monotonic() - started < 60, proc.stdout + proc.stderr
+    waited = " ".join(proc.stderr.split())
+    assert waited.startswith("tpu-closure-fix: waiting for %s to list its call sites" % (tmp_path / "python"))
+    assert "gives up after 7 s" in waited and max(len(line) for line in proc.stderr.splitlines()) <= 80
+    assert "did not list its call sites within 7 s" in " ".join(proc.stdout.split()), proc.stdout
+
+
+@pytest.mark.parametrize("command", ["status", "check"])
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "nan"])
+def test_a_bad_timeout_names_the_flag_and_the_accepted_values(command, value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--timeout", value])
+    err = " ".join(capsys.readouterr().err.split())
+    assert exit_info.value.code == 2
+    assert "error: argument --timeout: %r is not a number of seconds > 0 (e.g. 600)" % value in err, err
+
+
+def test_the_timeout_flag_is_documented_in_the_help(capsys):
+    for command in ("status", "check"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        assert "--timeout SECONDS" in capsys.readouterr().out

@@ -151,7 +151,11 @@ def command(python=None, flags=None, lent=None):
     return argv[:1] + (caller_flags() if flags is None else list(flags)) + argv[1:]
 
 
-def run_status(python=None, flags=None, timeout=TIMEOUT, script=None):
+#: After how many seconds of waiting for the fresh interpreter one line on stderr says what is awaited.
+NOTICE_AFTER = 5.0
+
+
+def run_status(python=None, flags=None, timeout=TIMEOUT, script=None, notice_after=NOTICE_AFTER, notice=None):
     """``(payload, error)``: the fresh interpreter's facts and records, or None and why it failed.
 
     ``payload["beside_script"]``: the framework packages in the directory of the training script ``script``
@@ -161,8 +165,10 @@ def run_status(python=None, flags=None, timeout=TIMEOUT, script=None):
     A ``PYTHONPATH`` entry relative to the working directory is never followed by a child (see
     :func:`tpu_closure_fix.verify.child.safe_environment`); the interpreter that trains would follow it, so
     with one no verdict is given: the error names it and the fix. ``-E``/``-I`` make every interpreter
-    ignore ``PYTHONPATH``: then it does not matter. An interpreter older than :data:`OLDEST` gets no verdict
-    either (:func:`too_old`): its payload comes back without records, the error naming its version and the fix."""
+    ignore ``PYTHONPATH``: then it does not matter. An interpreter older than
+    :data:`OLDEST` gets no verdict either (:func:`too_old`): its payload comes back without records, the error
+    naming its version and the fix. Waiting longer than ``notice_after`` seconds, one line on stderr (or
+    ``notice(line)``) says what for."""
     flags = caller_flags() if flags is None else list(flags)
     relative = [] if {"-E", "-I"} & set(flags) else child.relative_pythonpath()
     if relative:
@@ -171,10 +177,14 @@ def run_status(python=None, flags=None, timeout=TIMEOUT, script=None):
                       "PYTHONPATH=$PWD/%s) and check again" % (
                           ", ".join(repr(e) for e in relative), "it" if len(relative) == 1 else "each",
                           relative[0].rstrip("/") or "."))
-    with _lent_folder() as lent:
-        run = child.run_child(command(python, flags, lent), timeout, env=child.safe_environment())
+    env = child.safe_environment()
+    asked = python or sys.executable
+    with _lent_folder() as lent, _notice(waiting_line(asked, timeout), notice_after, notice):
+        run = child.run_child(command(python, flags, lent), timeout, env=env)
+    if run.timed_out:
+        return None, ("%s did not list its call sites within %g s (--timeout; its processes were ended). Fix: make "
+                      "`%s -c pass` return, or give it more time: `--timeout SECONDS`" % (asked, timeout, asked))
     if run.payload is None:
-        asked = python or sys.executable
         return None, "%s could not report: %s. Fix: %s" % (asked, run.error or run.stderr_tail(),
                                                            unreported_fix(asked, run))
     older = too_old(run.payload.get("facts") or {})
@@ -183,6 +193,36 @@ def run_status(python=None, flags=None, timeout=TIMEOUT, script=None):
     if "records" in run.payload:
         run.payload["beside_script"] = _beside_script(run.payload, flags, script)
     return run.payload, None
+
+
+def waiting_line(python, timeout):
+    """The line saying what ``status`` and ``check`` wait for, after :data:`NOTICE_AFTER` seconds."""
+    return ("tpu-closure-fix: waiting for %s to list its call sites (it imports every installed framework; "
+            "gives up after %g s, --timeout SECONDS)" % (python, timeout))
+
+
+@contextlib.contextmanager
+def _notice(line, after, notice=None):
+    """Say ``line`` once (``notice(line)``; default: on stderr, fitted to the terminal) if the body still runs
+    ``after`` seconds on."""
+    import threading
+
+    def say():
+        if notice is not None:
+            notice(line)
+            return
+        from .. import textfit
+
+        sys.stderr.write(textfit.fit(line, textfit.width()) + "\n")
+        sys.stderr.flush()
+
+    timer = threading.Timer(after, say)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 #: The oldest Python tpu-closure-fix runs on (pyproject.toml's requires-python).
