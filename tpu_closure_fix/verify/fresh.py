@@ -162,22 +162,21 @@ def run_status(python=None, flags=None, timeout=TIMEOUT, script=None, notice_aft
     (default: the working directory) that a script run from there imports instead of what the child imported
     (:mod:`.script_dir`; the child never searches that directory), with that ``directory``.
 
-    A ``PYTHONPATH`` entry relative to the working directory is never followed by a child (see
-    :func:`tpu_closure_fix.verify.child.safe_environment`); the interpreter that trains would follow it, so
-    with one no verdict is given: the error names it and the fix. ``-E``/``-I`` make every interpreter
-    ignore ``PYTHONPATH``: then it does not matter. An interpreter older than
+    A ``PYTHONPATH`` entry relative to the working directory is what the interpreter that trains, started here,
+    follows: it is given to the child resolved against this working directory where that directory is this
+    user's own (:func:`resolved_pythonpath`); else no verdict is given and the error says why. ``-E``/``-I``
+    make every interpreter ignore ``PYTHONPATH``: then it does not matter. An interpreter older than
     :data:`OLDEST` gets no verdict either (:func:`too_old`): its payload comes back without records, the error
     naming its version and the fix. Waiting longer than ``notice_after`` seconds, one line on stderr (or
     ``notice(line)``) says what for."""
     flags = caller_flags() if flags is None else list(flags)
-    relative = [] if {"-E", "-I"} & set(flags) else child.relative_pythonpath()
-    if relative:
-        return None, ("PYTHONPATH holds %s, relative to the working directory: a checking interpreter never "
-                      "searches it, while the one that trains would. Give %s as an absolute path (for example "
-                      "PYTHONPATH=$PWD/%s) and check again" % (
-                          ", ".join(repr(e) for e in relative), "it" if len(relative) == 1 else "each",
-                          relative[0].rstrip("/") or "."))
     env = child.safe_environment()
+    if not {"-E", "-I"} & set(flags):
+        entries, refused = resolved_pythonpath(os.environ.get("PYTHONPATH", ""), os.getcwd())
+        if refused:
+            return None, refused
+        if entries:
+            env["PYTHONPATH"] = os.pathsep.join(entries)
     asked = python or sys.executable
     with _lent_folder() as lent, _notice(waiting_line(asked, timeout), notice_after, notice):
         run = child.run_child(command(python, flags, lent), timeout, env=env)
@@ -223,6 +222,45 @@ def _notice(line, after, notice=None):
         yield
     finally:
         timer.cancel()
+
+
+def resolved_pythonpath(value, cwd):
+    """``(entries, refused)``: the absolute ``PYTHONPATH`` entries of ``value`` a child is given, each relative
+    entry resolved against the working directory ``cwd`` the training starts in, and None; or None and why a
+    relative entry is not followed. It is followed where it names a folder this user (or root) owns and no
+    one else can write: code another user planted there would run in the check. An empty entry is never
+    followed (the working directory itself: :func:`.child.safe_environment`); one naming no folder is left
+    out (the interpreter that trains finds nothing there either)."""
+    entries = []
+    for entry in value.split(os.pathsep):
+        if not entry:
+            continue
+        if os.path.isabs(entry):
+            entries.append(entry)
+            continue
+        path = os.path.realpath(os.path.join(cwd, entry))
+        if not os.path.isdir(path):
+            continue
+        why = untrusted(path)
+        if why:
+            return None, ("PYTHONPATH holds %r, relative to the working directory: it names %s, which %s, so no "
+                          "checking interpreter runs code from it, while the one that trains would. If you trust "
+                          "it, give it as an absolute path (for example PYTHONPATH=$PWD/%s) and check again"
+                          % (entry, path, why, entry.rstrip("/") or "."))
+        entries.append(path)
+    return entries, None
+
+
+def untrusted(path):
+    """Why code in the folder ``path`` may be another user's (another owner, or others may write it), or None."""
+    import stat
+
+    info = os.stat(path)
+    if info.st_uid not in (os.getuid(), 0):
+        return "user id %d owns" % info.st_uid
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "others can write"
+    return None
 
 
 #: The oldest Python tpu-closure-fix runs on (pyproject.toml's requires-python).
