@@ -63,13 +63,13 @@ def _run_graph(args):
     from .verify import graph as graphcheck
 
     python = args.xla_python or args.python  # the interpreter asked about, unless the graph gets its own
-    if not graphcheck.graph_check_available(python=python):
+    # a separate graph interpreter has its own site-packages: our PYTHONPATH (e.g. a --target install of a
+    # framework built for this interpreter's torch) must not leak into it, nor into the question put to it
+    env = {"PYTHONPATH": ""} if args.xla_python else None
+    if not graphcheck.graph_check_available(python=python, env=env):
         if args.xla_python:
             return None, "--xla-python %s cannot import torch_xla" % args.xla_python
         return None, None
-    # a separate graph interpreter has its own site-packages: our PYTHONPATH (e.g. a --target install of a
-    # framework built for this interpreter's torch) must not leak into it
-    env = {"PYTHONPATH": ""} if args.xla_python else None
     return graphcheck.run_graph_check(timeout=args.timeout, python=python, env=env), None
 
 
