@@ -67,6 +67,38 @@ def test_status_in_a_torch_only_venv_says_the_training_process_arms_the_check(tm
     assert "not imported in this process" not in said
 
 
+# --------------------------------------------------------------------------- a switch's bad value seen by the CLI
+def _console_script(tmp_path):
+    """A console script as pip writes it, named as the command is."""
+    script = tmp_path / "bin" / "tpu-closure-fix"
+    script.parent.mkdir()
+    script.write_text("import re\nimport sys\nfrom tpu_closure_fix.cli import main\nif __name__ == '__main__':\n"
+                      "    sys.exit(main())\n")
+    return str(script)
+
+
+@pytest.mark.parametrize("how", ["console script", "python -m"])
+def test_a_bad_switch_seen_by_the_cli_points_at_the_environment(tmp_path, how):
+    argv = [sys.executable] + ([_console_script(tmp_path)] if how == "console script" else ["-m", "tpu_closure_fix"])
+    env = dict(os.environ, PYTHONPATH=REPO, TPU_CLOSURE_FIX="bogus")
+    proc = subprocess.run(argv + ["--version"], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("the environment variable TPU_CLOSURE_FIX=bogus:"), proc.stderr
+    assert "from tpu_closure_fix.cli import main" not in proc.stderr and "runpy" not in proc.stderr, proc.stderr
+    assert "TPU_CLOSURE_FIX='bogus' is not an accepted value" in proc.stderr
+
+
+def test_twin_a_bad_switch_seen_by_a_user_script_points_at_its_import_line(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import tpu_closure_fix\n")
+    env = dict(os.environ, PYTHONPATH=REPO, TPU_CLOSURE_FIX="bogus")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
+                          cwd=str(tmp_path))
+    assert proc.stderr.splitlines()[0].startswith("%s:1: TPUClosureFixWarning" % script), proc.stderr
+
+
 # --------------------------------------------------------------------------- an interpreter that hangs
 def _hanging_python(tmp_path):
     """An executable that never answers (as an interpreter stuck on a network file system does)."""
