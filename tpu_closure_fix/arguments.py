@@ -1,6 +1,9 @@
-"""What the commands' parsers share: the types of ``--python`` and ``--timeout``."""
+"""What the commands' parsers share: lines that fit the terminal, and the types of ``--python`` and ``--timeout``."""
 import argparse
 import os
+import sys
+
+from . import textfit
 
 
 def existing_python(text):
@@ -28,3 +31,29 @@ def positive_seconds(text):
 
 #: The help of ``--timeout`` (``status`` and ``check``).
 TIMEOUT_HELP = "seconds to wait for each interpreter started (default 600)"
+
+
+class FittedHelpFormatter(argparse.HelpFormatter):
+    """Help and usage wrapped to the terminal's columns (:func:`.textfit.width`)."""
+
+    def __init__(self, prog, indent_increment=2, max_help_position=24, width=None):
+        super().__init__(prog, indent_increment, max_help_position, width or textfit.width())
+
+
+class FittedParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage, help and error lines fit the terminal (:func:`.textfit.width`); its
+    subcommands' parsers are of this class too."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", FittedHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def format_usage(self):
+        return textfit.fit(super().format_usage().rstrip("\n"), textfit.width()) + "\n"
+
+    def format_help(self):
+        return textfit.fit(super().format_help().rstrip("\n"), textfit.width()) + "\n"
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(2, textfit.fit("%s: error: %s" % (self.prog, message), textfit.width()) + "\n")

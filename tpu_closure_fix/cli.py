@@ -24,9 +24,9 @@ def _cmd_status(args):
 
 
 def build_parser():
-    from .arguments import TIMEOUT_HELP, existing_python, positive_seconds
+    from .arguments import TIMEOUT_HELP, FittedParser, existing_python, positive_seconds
 
-    parser = argparse.ArgumentParser(
+    parser = FittedParser(
         prog="tpu-closure-fix",
         description="Fix the gradient all-reduce order of closure-based optimizer steps on torch_xla (Lightning "
                     "Trainer, Lite/Fabric, Hugging Face accelerate, optimum-neuron on AWS Trainium, plain "

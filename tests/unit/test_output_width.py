@@ -4,7 +4,12 @@ The renderer is driven with payloads of each outcome class, made as wide as real
 whose every site is skipped with a long reason, an import error quoting a long message, a ``--target`` folder
 deep in a home directory, ``--all`` with the longest site names, check's self-test failures and IR excerpts;
 at ``COLUMNS`` 60, 80, 120 and unset (120 at most, the terminal's width where it is narrower, down to 60).
+The CLI's argparse usage and errors fit the same widths.
 """
+import os
+import subprocess
+import sys
+
 import pytest
 
 from support.outcomes import evidence as evidence_of
@@ -239,7 +244,56 @@ def test_the_heading_holds_every_column_whatever_the_verdicts_width(verdict):
     assert len(lines[1].split()) == 4 and lines[1].split()[-1] == "-" * 7, lines[:2]
 
 
-# --------------------------------------------------------------------------- the width and the table's layout
+# --------------------------------------------------------------------------- the CLI's usage, help and errors
+LONG_PATH = "/nonexistent/home/user/projects/a-rather-long-project-name/with/a/deep/folder/venv/bin/python"
+#: Every error argparse gives for what a user types wrong, and every help page.
+CLI_ARGS = {
+    "status --python missing": ["status", "--python", LONG_PATH],
+    "status --python not on PATH": ["status", "--python", "python3.99-that-is-not-installed"],
+    "status --script missing": ["status", "--script", LONG_PATH.replace("bin/python", "train_on_tpu.py")],
+    "status --timeout bad": ["status", "--timeout", "soon"],
+    "status unknown option": ["status", "--verbose-and-a-rather-long-option-name"],
+    "check --python missing": ["check", "--python", LONG_PATH],
+    "check --xla-python missing": ["check", "--xla-python", LONG_PATH],
+    "check --script missing": ["check", "--script", LONG_PATH.replace("bin/python", "train_on_tpu.py")],
+    "check --timeout bad": ["check", "--timeout", "0"],
+    "run --sync-check bad": ["run", "--sync-check", "often", "--", "python"],
+    "unknown command": ["statuss"],
+    "help": ["--help"],
+    "status --help": ["status", "--help"],
+    "check --help": ["check", "--help"],
+    "run --help": ["run", "--help"],
+    "demo --help": ["demo", "--help"],
+}
+
+
+@pytest.mark.parametrize("columns, limit", TERMINALS)
+@pytest.mark.parametrize("case", sorted(CLI_ARGS))
+def test_every_cli_usage_help_and_error_line_fits_the_terminal(case, columns, limit, monkeypatch, capsys):
+    from tpu_closure_fix import cli
+
+    _terminal(monkeypatch, columns)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(CLI_ARGS[case])
+    out, err = capsys.readouterr()
+    printed = out + err
+    assert exit_info.value.code == (0 if "help" in case else 2), printed
+    assert printed.strip() and widest(printed) <= limit, "%s: a line of %d columns:\n%s" % (case, widest(printed),
+                                                                                           printed)
+    if "help" not in case:
+        assert "error: " in err and "usage: " in err, err
+
+
+def test_the_real_console_error_of_a_missing_python_fits_80_columns(tmp_path):
+    """The command as a user runs it: ``status --python /nonexistent/python`` was one line of 162 columns."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, COLUMNS="80", PYTHONPATH=repo)
+    proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", "status", "--python", LONG_PATH], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 2 and widest(proc.stderr) <= 80, proc.stderr
+    assert "is not an executable file" in " ".join(proc.stderr.split())
+
+
 @pytest.mark.parametrize("columns, expected", [(None, 120), ("", 120), ("abc", 120), ("80", 80), ("60", 60),
                                                ("59", 60), ("20", 60), ("121", 120), ("500", 120), (" 100 ", 100)])
 def test_the_width_reads_columns_clamped_to_60_through_120(columns, expected):
