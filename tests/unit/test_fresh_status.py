@@ -22,7 +22,7 @@ from support.outcomes import check_outcome, status_outcome
 from tpu_closure_fix import check
 from tpu_closure_fix.outcome import payload as outcome_payload
 from tpu_closure_fix.outcome import records as report
-from tpu_closure_fix.outcome import render
+from tpu_closure_fix.outcome import decide, render
 from tpu_closure_fix.verify import fresh
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -223,6 +223,27 @@ def test_status_json_is_one_object_of_the_documented_schema():
         _validate(out["sites"], schema)
     with pytest.raises(AssertionError):
         _validate(dict(out, outcome="OK"), schema)
+
+
+def test_check_json_and_every_outcome_s_json_are_objects_of_the_documented_schema():
+    from support.outcomes import evidence
+
+    with open(os.path.join(REPO, "docs", "status.schema.json")) as handle:
+        schema = json.load(handle)
+    proc = cli("check", "--json", "--no-graph")
+    out = json.loads(proc.stdout)
+    _validate(out, schema)
+    assert out["command"] == "check" and out["rule"] == 3 and out["exit_code"] == proc.returncode == 0, out
+    target = dict(startup_armed=False, shim_origin="/opt/deps/tpu_closure_fix/__init__.py", pth_in=[])
+    for given, error in ((None, "boom"), (payload([record("not installed")]), None),
+                         (payload([record("patched")], **target), None), (payload([record("patched")]), None),
+                         (payload([record("failed", reason=report.IMPORT_FAILED + "ImportError: x")]), None)):
+        for site in (given or {}).get("records", []):
+            site.setdefault("integration", "lightning")
+        seen = evidence(given, error)
+        result = render.json_object(seen, decide.decide(seen))
+        _validate(json.loads(json.dumps(result)), schema)
+        assert set(schema["required"]) <= set(result), set(schema["required"]) - set(result)
 
 
 def test_version():
