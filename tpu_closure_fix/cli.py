@@ -7,38 +7,26 @@ import sys
 def _cmd_status(args):
     """Every verdict about a fresh interpreter (this one, or ``--python``), started with the caller's
     environment and flags: what a training script started there gets (:mod:`.verify.fresh`)."""
-    from . import report
+    from .outcome import decide, payload, render
     from .verify import fresh
 
     if args.here:
-        payload, error = report.payload(fresh.facts_here()), None
+        evidence = payload.receive(payload.build(fresh.facts_here()))
     else:
-        payload, error = fresh.run_status(python=args.python, script=args.script)
-    result = report.status_json(payload, error)
+        evidence = payload.receive(*fresh.run_status(python=args.python, script=args.script, timeout=args.timeout),
+                                   asked=args.python)
+    outcome = decide.decide(evidence)
     if args.json:
-        print(json.dumps(result, indent=2, sort_keys=True))
-        return result["exit_code"]
-    print(report.render_status(result, payload["records"] if payload and "records" in payload else None,
-                               show_all=args.all))
-    return result["exit_code"]
-
-
-def existing_python(text):
-    """An ``argparse`` type: an executable interpreter, by path or by a name looked up on PATH as a shell does
-    (never in the working directory: :func:`.verify.child.interpreter_path`)."""
-    from .verify.child import interpreter_path
-
-    import os
-
-    path = interpreter_path(text)
-    if path is None:
-        raise argparse.ArgumentTypeError("%s is not an executable file%s (give the python of an environment, e.g. "
-                                         "/path/to/venv/bin/python)" % (text, " on PATH" if os.sep not in text else ""))
-    return path  # the file checked, never a same-named one found later
+        print(json.dumps(render.json_object(evidence, outcome), indent=2, sort_keys=True))
+    else:
+        print(render.text(evidence, outcome, show_all=args.all))
+    return outcome.exit_code
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(
+    from .arguments import TIMEOUT_HELP, FittedParser, existing_python, positive_seconds
+
+    parser = FittedParser(
         prog="tpu-closure-fix",
         description="Fix the gradient all-reduce order of closure-based optimizer steps on torch_xla (Lightning "
                     "Trainer, Lite/Fabric, Hugging Face accelerate, optimum-neuron on AWS Trainium, plain "
@@ -58,6 +46,7 @@ def build_parser():
     from .verify.script_dir import SCRIPT_HELP, script_argument
 
     status.add_argument("--script", metavar="PATH", type=script_argument, help=SCRIPT_HELP)
+    status.add_argument("--timeout", metavar="SECONDS", type=positive_seconds, default=600, help=TIMEOUT_HELP)
     status.add_argument("--here", action="store_true", help=argparse.SUPPRESS)  # this process (test doubles)
     status.set_defaults(func=_cmd_status)
     from . import check, launcher

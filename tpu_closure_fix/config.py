@@ -118,7 +118,7 @@ def enabled_from_environment(environ=None):
     enabled, problem = parse_switch(raw)
     if problem is not None and raw not in _warned_values:
         _warned_values.add(raw)
-        warnings.warn(problem, TPUClosureFixWarning, stacklevel=user_stacklevel())
+        _warn_about(ENV_VAR, raw, problem)
     return enabled
 
 
@@ -126,7 +126,41 @@ def _warn_once(variable, raw, problem):
     """One warning per variable and distinct bad value."""
     if problem is not None and (variable, raw) not in _warned_values:
         _warned_values.add((variable, raw))
-        warnings.warn(problem, TPUClosureFixWarning, stacklevel=user_stacklevel())
+        _warn_about(variable, raw, problem)
+
+
+def _warn_about(variable, raw, problem):
+    """Warn of the bad value ``raw`` of ``variable``: at the user's line that imported the shim, or, where the
+    program importing it is tpu-closure-fix's own command line (:func:`_cli_start`), at the environment, which
+    is where the value was set (the command's own source line is nothing a user wrote)."""
+    level = user_stacklevel()
+    if not _cli_start(sys._getframe(), level):
+        warnings.warn(problem, TPUClosureFixWarning, stacklevel=level)
+        return
+    warnings.warn_explicit(problem, TPUClosureFixWarning, "the environment variable %s=%s" % (
+        variable, show_value(raw)), 0, module="tpu_closure_fix", registry={})
+
+
+#: The first frames of tpu-closure-fix's own command line: its console script (named after the command) and
+#: ``python -m tpu_closure_fix`` (the runpy module imports the package before its ``__main__``).
+CLI_SCRIPT = "tpu-closure-fix"
+
+
+def _cli_start(frame, level):
+    """True when the frame ``level - 1`` frames above ``frame`` (the one a warning at ``stacklevel=level`` from
+    ``frame`` would name) is the command line's start: the console script, or runpy running the package."""
+    for _ in range(level - 1):
+        if frame is None:
+            return False
+        frame = frame.f_back
+        while frame is not None and "importlib" in frame.f_code.co_filename and "_bootstrap" in \
+                frame.f_code.co_filename:
+            frame = frame.f_back
+    if frame is None:
+        return False
+    name = os.path.basename(frame.f_code.co_filename)
+    return name == CLI_SCRIPT or (name in ("runpy.py", "<frozen runpy>") and
+                                  os.path.basename(sys.argv[0]) in ("-m", "__main__.py"))
 
 
 def _machinery(filename):

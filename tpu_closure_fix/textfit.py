@@ -1,12 +1,24 @@
-"""Lines that fit a terminal: what ``status`` and ``check`` print is at most :data:`WIDTH` columns.
+"""Lines that fit a terminal: what ``status`` and ``check`` print is at most :func:`width` columns.
 
 The text output wraps long sentences (an outcome, a reason) onto indented continuation lines and elides
 long table cells in the middle; ``--json`` is never shortened (it carries every value complete).
 """
+import os
 import textwrap
 
 #: The widest line ``status`` and ``check`` print.
 WIDTH = 120
+#: The narrowest terminal they fit: a narrower ``COLUMNS`` is read as this.
+NARROWEST = 60
+
+
+def width(environ=None):
+    """The columns the CLI's lines fit: ``COLUMNS`` of ``environ`` (default ``os.environ``) clamped to
+    :data:`NARROWEST`..:data:`WIDTH`; :data:`WIDTH` when it is unset or not a whole number."""
+    raw = (os.environ if environ is None else environ).get("COLUMNS", "").strip()
+    if not (raw.isascii() and raw.isdigit()):
+        return WIDTH
+    return max(NARROWEST, min(WIDTH, int(raw)))
 #: How far a wrapped line's continuation is indented beyond the line's own indentation.
 CONTINUATION = "    "
 #: What stands for the elided middle of a cell.

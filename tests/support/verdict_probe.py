@@ -60,7 +60,7 @@ def main():
         import tpu_closure_fix  # noqa: F401 - enables the shim (unless TPU_CLOSURE_FIX=0) before anything is bound
     import torch
 
-    from tpu_closure_fix import report
+    from tpu_closure_fix.outcome import records as report
     from tpu_closure_fix.verify import events as recorder
 
     xm = recorder.install_recording_xla_model()

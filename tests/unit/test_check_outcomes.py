@@ -1,21 +1,24 @@
-"""``check``'s three outcomes, decided from what the status and the self-tests found.
+"""``check``'s four outcomes: the one decision of ``status`` and ``check``, its self-tests' results added.
 
-:func:`tpu_closure_fix.check.decide` is a pure function of those results; these tests feed it the
-shapes of result each step produces (taken from real runs: an all-good run, a site switched off,
-a self-test child that crashed, a graph check that raised) and pin the outcome, the exit code and
-the one-line reason.  The same decisions made by the real command are in tests/target/test_check.py
-(event order) and tests/xla (graph check).
+:func:`tpu_closure_fix.outcome.decide.decide` is a pure function of the interpreter's payload and the
+self-tests' results; these tests feed it the shapes of result each step produces (taken from real runs: an
+all-good run, a site switched off, a self-test child that crashed, a graph check that raised) and pin the
+outcome, the exit code and the one-line reason.  The same decisions made by the real command are in
+tests/target/test_check.py (event order) and tests/xla (graph check).
 """
 import argparse
 
 import pytest
 
-from tpu_closure_fix import check
+from support.outcomes import check_outcome, status_outcome
+from tpu_closure_fix import arguments, check
+from tpu_closure_fix.outcome import decide, render
 
 FABRIC = "lightning_fabric.plugins.precision.xla:XLAPrecision.optimizer_step"
 TRAINER = "pytorch_lightning.plugins.precision.xla:XLAPrecision.optimizer_step"
 GOOD_ORDER = ["forward", "backward", "reduce_gradients", "step", "mark_step"]
 BUGGY_ORDER = ["reduce_gradients(no grads)", "forward", "backward", "step", "mark_step"]
+PROTECTED_HEAD = "PROTECTED: every installed affected site is patched, guarded or fixed upstream "
 
 
 def event_site(site, verdict="patched", events=GOOD_ORDER, ok=True, error=None):
@@ -40,86 +43,98 @@ def graph_of(sites, error=None):
 
 def record(site, verdict, reason=""):
     module, method = site.split(":")
-    return {"module": module, "method": method, "verdict": verdict, "reason": reason}
+    return {"distribution": "lightning-fabric", "release": "2.6.6", "module": module, "method": method,
+            "verdict": verdict, "reason": reason, "variant": None, "integration": "lightning"}
+
+
+def payload(*records):
+    """The payload of an interpreter whose start-up hook runs, with ``records`` (default: FABRIC patched)."""
+    facts = {"executable": "/venv/bin/python", "version": "3.11.7", "startup_loaded": True, "startup_armed": True,
+             "shim_at_start": False, "switch": None, "flags": {}, "site_dirs": ["/s"], "pth_in": ["/s"],
+             "shim_origin": "/s/tpu_closure_fix/__init__.py"}
+    return {"facts": facts, "records": list(records) or [record(FABRIC, "patched")]}
 
 
 def test_protected_with_graph():
-    out = check.decide([], events_of(event_site(FABRIC), event_site(TRAINER, "fixed upstream")),
-                       graph_of({FABRIC: graph_site(), TRAINER: graph_site(verdict="fixed upstream")}))
+    out = check_outcome(payload(record(FABRIC, "patched"), record(TRAINER, "fixed upstream")),
+                        events_of(event_site(FABRIC), event_site(TRAINER, "fixed upstream")),
+                        graph_of({FABRIC: graph_site(), TRAINER: graph_site(verdict="fixed upstream")}))
     assert (out.name, out.exit_code) == ("protected", 0)
-    assert out.reason == ("PROTECTED: 2 call site(s) patched, guarded or fixed upstream; event order and XLA "
-                          "graph (2 traced) right.")
+    assert out.reason == (PROTECTED_HEAD + "(2 site(s)); start-up hook active; self-tests: event order and XLA graph "
+                          "(2 traced) right.")
 
 
-def test_a_site_only_the_graph_child_traced_is_counted_once():
-    """The graph child imports torch_xla (so its guard is patched there) where this process did not:
-    the count names every site either self-test saw, once."""
-    out = check.decide([], events_of(event_site(FABRIC)),
-                       graph_of({FABRIC: graph_site(), "torch_xla.core.xla_model:optimizer_step": graph_site()}))
-    assert out.reason == ("PROTECTED: 2 call site(s) patched, guarded or fixed upstream; event order and XLA "
-                          "graph (2 traced) right."), out.reason
+def test_the_count_is_the_interpreter_s_installed_sites_in_status_and_in_check():
+    """The graph child may trace a site the event child did not drive: the count is still the interpreter's
+    installed sites, the same number ``status`` gives."""
+    given = payload(record(FABRIC, "patched"), record(GUARD, "patched"))
+    out = check_outcome(given, events_of(event_site(FABRIC)), graph_of({FABRIC: graph_site(), GUARD: graph_site()}))
+    assert out.reason.startswith(PROTECTED_HEAD + "(2 site(s)); ") and "XLA graph (2 traced) right" in out.reason
+    assert status_outcome(given).reason == PROTECTED_HEAD + "(2 site(s)); start-up hook active."
 
 
 @pytest.mark.parametrize("graph, why", [(None, "torch_xla is not importable here"), (False, "--no-graph")])
 def test_protected_without_graph_says_the_graph_was_not_checked(graph, why):
-    out = check.decide([], events_of(event_site(FABRIC)), graph)
+    out = check_outcome(payload(), events_of(event_site(FABRIC)), graph)
     assert (out.name, out.exit_code) == ("protected", 0)
-    assert out.reason.endswith("event order right; XLA graph not checked (%s)." % why)
+    assert out.reason.endswith("event order right, XLA graph not checked (%s)." % why)
 
 
 #: The fix a site only a self-test found buggy names: a pin of its newest row (the code in place is not the
 #: one a verified release runs).
 PIN = "Fix: pin a release docs/support.md lists: `pip install 'lightning-fabric>=2.1.0,<2.6.7'`."
+BUGGY_HEAD = "UNPROTECTED: 1 installed affected site(s) run the buggy code: "
 
 
 def test_unprotected_names_the_disabled_site_and_why():
-    out = check.decide([record(FABRIC, "disabled", "TPU_CLOSURE_FIX=0")],
-                       events_of(event_site(FABRIC, "disabled", BUGGY_ORDER, ok=False)), None)
+    out = check_outcome(payload(record(FABRIC, "disabled", "TPU_CLOSURE_FIX=0")),
+                        events_of(event_site(FABRIC, "disabled", BUGGY_ORDER, ok=False)), None)
     assert (out.name, out.exit_code) == ("unprotected", 1)
-    assert out.reason.startswith("UNPROTECTED: %s runs the buggy order (disabled: TPU_CLOSURE_FIX=0)" % FABRIC)
-    assert " more)" not in out.reason  # the self-test's finding on the same site counts once
+    assert out.reason.startswith(BUGGY_HEAD + "%s (disabled: TPU_CLOSURE_FIX=0)" % FABRIC), out.reason
+    assert "; also" not in out.reason  # the self-test's finding on the same site counts once
     assert out.reason.endswith(". Fix: `unset TPU_CLOSURE_FIX`.")  # the one step that puts the fix in place
 
 
 def test_unprotected_when_the_self_test_sees_the_buggy_order_on_a_patched_site():
-    out = check.decide([], events_of(event_site(FABRIC, "patched", BUGGY_ORDER, ok=False)), None)
+    out = check_outcome(payload(), events_of(event_site(FABRIC, "patched", BUGGY_ORDER, ok=False)), None)
     assert out.name == "unprotected" and out.exit_code == 1
-    assert out.reason == ("UNPROTECTED: %s: the event-order self-test saw the gradients reduced before the "
+    assert out.reason == (BUGGY_HEAD + "%s: the event-order self-test saw the gradients reduced before the "
                           "backward (reduce_gradients(no grads) > forward > backward > step > mark_step). %s"
                           % (FABRIC, PIN))
 
 
 def test_unprotected_when_the_graph_holds_no_all_reduce():
-    out = check.decide([], events_of(event_site(FABRIC)), graph_of({FABRIC: graph_site(0, False, False)}))
+    out = check_outcome(payload(), events_of(event_site(FABRIC)), graph_of({FABRIC: graph_site(0, False, False)}))
     assert (out.name, out.exit_code) == ("unprotected", 1)
-    assert out.reason == ("UNPROTECTED: %s: the traced XLA step holds 0 all-reduce(s), from the backward: False, "
+    assert out.reason == (BUGGY_HEAD + "%s: the traced XLA step holds 0 all-reduce(s), from the backward: False, "
                           "feeding the update: False. %s" % (FABRIC, PIN))
 
 
 def test_graph_that_raised_is_could_not_verify_with_the_exception_line():
     error = "AttributeError: module 'torch_xla.core.xla_model' has no attribute 'get_ordinal'"
-    out = check.decide([], events_of(event_site(FABRIC)), graph_of({FABRIC: graph_site(error=error)},
-                                                                   error="%s: %s" % (FABRIC, error)))
+    out = check_outcome(payload(), events_of(event_site(FABRIC)), graph_of({FABRIC: graph_site(error=error)},
+                                                                           error="%s: %s" % (FABRIC, error)))
     assert (out.name, out.exit_code) == ("could not verify", 3)
     assert out.reason.startswith("COULD NOT VERIFY: the XLA graph check of %s: %s. What you can do: " % (FABRIC, error))
     assert "--no-graph" in out.reason and "UNPROTECTED" not in out.reason
 
 
 def test_graph_child_that_died_is_could_not_verify():
-    out = check.decide([], events_of(event_site(FABRIC)),
-                       graph_of({}, error="graph-check process timed out after 600 s (process group killed)"))
+    out = check_outcome(payload(), events_of(event_site(FABRIC)),
+                        graph_of({}, error="graph-check process timed out after 600 s (process group killed)"))
     assert out.exit_code == 3
     assert out.reason.startswith("COULD NOT VERIFY: the XLA graph check failed: graph-check process timed out")
 
 
 def test_xla_python_without_torch_xla_is_could_not_verify():
-    out = check.decide([], events_of(event_site(FABRIC)), None, "--xla-python /x/bin/python cannot import torch_xla")
+    out = check_outcome(payload(), events_of(event_site(FABRIC)), None,
+                        "--xla-python /x/bin/python cannot import torch_xla")
     assert out.exit_code == 3 and "--xla-python /x/bin/python cannot import torch_xla" in out.reason
 
 
 def test_self_test_child_that_crashed_is_could_not_verify():
     events = events_of(error="self-test process exited with code 1: ImportError: cannot import name 'x'")
-    out = check.decide([], events, None)
+    out = check_outcome(payload(), events, None)
     assert (out.name, out.exit_code) == ("could not verify", 3)
     assert out.reason.startswith("COULD NOT VERIFY: the event-order self-test failed: self-test process exited with "
                                  "code 1: ImportError: cannot import name 'x'.")
@@ -127,19 +142,23 @@ def test_self_test_child_that_crashed_is_could_not_verify():
 
 def test_a_site_whose_step_raised_is_could_not_verify_not_unprotected():
     site = event_site(FABRIC, events=["forward"], ok=False, error="TypeError: step() got an unexpected keyword")
-    out = check.decide([], events_of(site), None)
+    out = check_outcome(payload(), events_of(site), None)
     assert out.exit_code == 3
     assert "the event-order self-test of %s failed: TypeError: step() got an unexpected keyword" % FABRIC in out.reason
 
 
-def test_nothing_installed_is_could_not_verify():
-    out = check.decide([], events_of(), None)
-    assert out.exit_code == 3 and "no installed call site to test" in out.reason
+def test_an_installed_site_no_self_test_drove_is_could_not_verify_and_nothing_installed_nothing_to_protect():
+    out = check_outcome(payload(), events_of(), None)
+    assert out.exit_code == 3 and "the event-order self-test drove no installed call site" in out.reason
+    nothing = payload(record(FABRIC, "not installed"))
+    assert check_outcome(nothing, events_of(), None) == status_outcome(nothing) == (
+        "nothing to protect", 0, "NOTHING TO PROTECT: no framework or torch_xla release the shim covers is installed "
+                                 "for /venv/bin/python.")
 
 
 def test_unprotected_wins_over_could_not_verify():
     """A site known to run the buggy code is reported, even when a self-test also failed to run."""
-    out = check.decide([record(FABRIC, "skipped", "unknown release 9.9")], events_of(error="boom"), None)
+    out = check_outcome(payload(record(FABRIC, "skipped", "unknown release 9.9")), events_of(error="boom"), None)
     assert out.exit_code == 1 and FABRIC in out.reason
 
 
@@ -148,17 +167,16 @@ NOT_VERIFIED = "unknown release 9.9 of lightning_fabric: not verified (known: >=
 
 def test_a_site_status_could_not_verify_is_judged_by_its_recorded_order():
     """A release no row names: where the event-order self-test ran its call, that order decides."""
-    right = check.decide([record(FABRIC, "skipped", NOT_VERIFIED)],
-                         events_of(event_site(FABRIC, "skipped")), False)
+    given = payload(record(FABRIC, "skipped", NOT_VERIFIED))
+    right = check_outcome(given, events_of(event_site(FABRIC, "skipped")), False)
     assert right.exit_code == 0, right.reason
     assert "1 not verified by status, judged by the order their call ran: %s" % FABRIC in right.reason
-    wrong = check.decide([record(FABRIC, "skipped", NOT_VERIFIED)],
-                         events_of(event_site(FABRIC, "skipped", BUGGY_ORDER, ok=False)), False)
+    wrong = check_outcome(given, events_of(event_site(FABRIC, "skipped", BUGGY_ORDER, ok=False)), False)
     assert wrong.exit_code == 1 and "saw the gradients reduced before the backward" in wrong.reason, wrong.reason
     # Its step could not run: status's word stands (the buggy code may run), never "protected".
-    failed = check.decide([record(FABRIC, "skipped", NOT_VERIFIED)],
-                          events_of(event_site(FABRIC, "skipped", [], ok=False, error="TypeError: x")), False)
-    assert failed.exit_code == 1 and "runs the buggy order (skipped" in failed.reason, failed.reason
+    failed = check_outcome(given, events_of(event_site(FABRIC, "skipped", [], ok=False, error="TypeError: x")), False)
+    assert failed.exit_code == 1 and "%s (skipped: " % FABRIC in failed.reason, failed.reason
+    assert failed == status_outcome(given)  # the same words as status: the self-test added nothing
 
 
 GUARD = "torch_xla.core.xla_model:optimizer_step"
@@ -170,28 +188,29 @@ NO_DRIVER = {"site": GUARD, "variant": "torch_xla-2.1+", "verdict": "patched",
 def test_a_site_without_a_driver_is_named_but_does_not_fail_the_check():
     events = events_of(event_site(FABRIC))
     events["untested"] = [NO_DRIVER]
-    out = check.decide([], events, None)
+    out = check_outcome(payload(record(FABRIC, "patched"), record(GUARD, "patched")), events, None)
     assert (out.name, out.exit_code) == ("protected", 0)
     assert out.reason.endswith("; 1 site(s) without a self-test: %s." % GUARD), out.reason
-    assert out.reason.startswith("PROTECTED: 2 call site(s)")
+    assert out.reason.startswith(PROTECTED_HEAD + "(2 site(s))")
     assert check.render_events(events)[-2:] == ["  --   %s (patched)" % GUARD, "       not self-tested: " + NO_DRIVER["reason"]]
 
 
 def test_a_site_without_a_driver_seen_only_by_the_graph_check_is_named_once():
+    given = payload(record(FABRIC, "patched"), record(GUARD, "patched"))
     events = events_of(event_site(FABRIC))
     events["untested"] = [NO_DRIVER]
     graph = graph_of({FABRIC: graph_site()})
     graph["untested"] = [NO_DRIVER]
-    assert check.decide([], events, graph).reason.endswith("; 1 site(s) without a self-test: %s." % GUARD)
+    assert check_outcome(given, events, graph).reason.endswith("; 1 site(s) without a self-test: %s." % GUARD)
     del events["untested"]
-    out = check.decide([], events, graph)
+    out = check_outcome(given, events, graph)
     assert out.exit_code == 0 and out.reason.endswith("; 1 site(s) without a self-test: %s." % GUARD), out.reason
 
 
 def test_only_sites_without_a_driver_is_could_not_verify():
     events = events_of()
     events["untested"] = [NO_DRIVER]
-    out = check.decide([], events, None)
+    out = check_outcome(payload(record(GUARD, "patched")), events, None)
     assert out.exit_code == 3
     assert out.reason.startswith("COULD NOT VERIFY: no self-test covers %s (the torch_xla integration" % GUARD)
 
@@ -225,15 +244,15 @@ def test_event_section_never_has_an_empty_heading(events, expected):
     assert lines == ["Event-order self-test (recording stand-in for torch_xla, no hardware):", expected]
 
 
-@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+@pytest.mark.parametrize("value", ["0", "-5", "soon", "nan"])
 def test_bad_timeout_is_refused_with_the_accepted_values(value):
     with pytest.raises(argparse.ArgumentTypeError, match="not a number of seconds > 0"):
-        check._positive_seconds(value)
+        arguments.positive_seconds(value)
 
 
 def test_missing_xla_python_is_refused_naming_it(tmp_path):
     with pytest.raises(argparse.ArgumentTypeError, match="is not an executable file"):
-        check._existing_python(str(tmp_path / "nope" / "python"))
+        arguments.existing_python(str(tmp_path / "nope" / "python"))
 
 
 XLA_SITE = "torch_xla.core.xla_model:optimizer_step"
@@ -242,7 +261,8 @@ BROKEN_XLA = "import failed: ImportError: libtpu.so: cannot open shared object f
 
 def test_a_site_that_cannot_be_imported_is_could_not_verify_naming_the_error():
     """Code that cannot be imported runs no order at all: not a verdict on the shim (was UNPROTECTED, exit 1)."""
-    out = check.decide([record(XLA_SITE, "failed", BROKEN_XLA)], events_of(event_site(FABRIC)), None)
+    given = payload(record(XLA_SITE, "failed", BROKEN_XLA), record(FABRIC, "patched"))
+    out = check_outcome(given, events_of(event_site(FABRIC)), None)
     assert (out.name, out.exit_code) == ("could not verify", 3), out.reason
     assert out.reason.startswith("COULD NOT VERIFY: %s cannot be imported (%s)" % (XLA_SITE, BROKEN_XLA))
 
@@ -251,30 +271,30 @@ def test_an_import_failure_names_its_fix_not_the_details_of_a_self_test():
     """The next step of a site that cannot be imported: the import that shows the whole error, in the interpreter
     asked about; with a known cause, that cause's fix alone. A self-test's failure keeps pointing at --json."""
     module = XLA_SITE.split(":")[0]
-    out = check.decide([record(XLA_SITE, "failed", BROKEN_XLA)], events_of(event_site(FABRIC)), None,
-                       python="/venv/bin/python")
+    out = check_outcome(payload(record(XLA_SITE, "failed", BROKEN_XLA), record(FABRIC, "patched")),
+                        events_of(event_site(FABRIC)), None)
     assert out.reason.endswith(". Fix: make `/venv/bin/python -c 'import %s'` succeed (it shows the whole error)."
                                % module), out.reason
     known = BROKEN_XLA + "; fix: pip install 'setuptools<81'"
-    out = check.decide([record(XLA_SITE, "failed", known)], events_of(event_site(FABRIC)), None,
-                       python="/venv/bin/python")
+    out = check_outcome(payload(record(XLA_SITE, "failed", known), record(FABRIC, "patched")),
+                        events_of(event_site(FABRIC)), None)
     assert out.reason == ("COULD NOT VERIFY: %s cannot be imported (%s). Fix: `/venv/bin/python -m pip install "
                           "'setuptools<81'`." % (XLA_SITE, BROKEN_XLA)), out.reason
-    out = check.decide([], {"sites": [], "error": "boom"}, None)
-    assert out.reason.endswith("What you can do: %s." % check._WHAT_TO_DO), out.reason
+    out = check_outcome(payload(), {"sites": [], "error": "boom"}, None)
+    assert out.reason.endswith("What you can do: %s." % decide.WHAT_TO_DO), out.reason
 
 
 def test_an_import_failure_does_not_hide_a_site_that_runs_the_buggy_order():
-    out = check.decide([record(XLA_SITE, "failed", BROKEN_XLA), record(FABRIC, "disabled", "TPU_CLOSURE_FIX=0")],
-                       events_of(event_site(FABRIC, "disabled", BUGGY_ORDER, ok=False)), None)
+    given = payload(record(XLA_SITE, "failed", BROKEN_XLA), record(FABRIC, "disabled", "TPU_CLOSURE_FIX=0"))
+    out = check_outcome(given, events_of(event_site(FABRIC, "disabled", BUGGY_ORDER, ok=False)), None)
     assert (out.name, out.exit_code) == ("unprotected", 1)
-    assert out.reason.startswith("UNPROTECTED: %s runs the buggy order (disabled" % FABRIC)
+    assert out.reason.startswith(BUGGY_HEAD + "%s (disabled" % FABRIC)
 
 
 def test_a_failure_of_the_shim_stays_unprotected_twin():
     """Only an import failure changes the outcome: a patch that failed leaves the buggy code running."""
-    out = check.decide([record(FABRIC, "failed", "RuntimeError: boom")], events_of(event_site(FABRIC, "failed")),
-                       None)
+    out = check_outcome(payload(record(FABRIC, "failed", "RuntimeError: boom")),
+                        events_of(event_site(FABRIC, "failed")), None)
     assert (out.name, out.exit_code) == ("unprotected", 1)
 
 
@@ -315,12 +335,10 @@ def test_check_with_a_torch_xla_that_cannot_be_imported_exits_3_naming_the_error
 def test_status_table_rows_are_printable_ascii_one_line_each():
     """A reason or release holding a line break or non-ASCII text (read from the environment) never splits
     a row and never makes an ASCII stdout raise: each cell is ASCII-escaped."""
-    from tpu_closure_fix import report
-
     records = [dict(record(XLA_SITE, "failed", "import failed: ImportError: caf\u00e9\nsecond line"),
                     distribution="torch-xla", release="2.1\u2003"),
                dict(record(FABRIC, "patched"), distribution="lightning-fabric", release="2.6.6")]
-    lines = report.render_table(records).splitlines()
+    lines = render.table(records, width=120).splitlines()
     rows = [line for line in lines if not line.startswith(" ")]  # a long verdict wraps in its column
     assert len(rows) == 4, lines  # header, rule, one row per record
     assert all(line.isascii() and line.isprintable() and len(line) <= 120 for line in lines), lines
@@ -339,8 +357,8 @@ def test_check_text_output_prints_on_an_ascii_stdout(tmp_path):
 
 
 def test_a_self_test_not_run_says_why_never_nothing_to_test():
-    lines = check.render_events(check._not_run(check.NOT_RUN_NO_HOOK))
-    assert lines[1:] == ["  not run: " + check.NOT_RUN_NO_HOOK]
+    lines = check.render_events(check._not_run(check.NOT_RUN[4]))
+    assert lines[1:] == ["  not run: " + check.NOT_RUN[4]]
     assert check.render_events(check._not_run(None))[1:] == ["  nothing to test: no installed call site"]
 
 
@@ -370,7 +388,7 @@ def _fresh_payload(**facts):
 
 def test_check_runs_no_self_test_where_the_start_up_hook_does_not_run(monkeypatch, capsys):
     code, out = _check_json(monkeypatch, capsys, _fresh_payload(startup_armed=False, shim_origin=None))
-    assert (code, out["outcome"]) == (1, "unprotected") and out["event_check"]["not_run"] == check.NOT_RUN_NO_HOOK
+    assert (code, out["outcome"]) == (1, "unprotected") and out["event_check"]["not_run"] == check.NOT_RUN[4]
 
 
 def test_check_runs_no_self_test_beside_a_framework_in_the_script_directory(monkeypatch, capsys):

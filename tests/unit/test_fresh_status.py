@@ -1,8 +1,8 @@
 """``status`` and ``check`` answer for a fresh interpreter, not for themselves.
 
 The rules of :func:`tpu_closure_fix.verify.fresh.startup_hook` (is the shim armed when a script starts
-there, and why not), of :func:`tpu_closure_fix.report.status_outcome` (one outcome, one exit code) and the
-two rules ``check.decide`` takes from them, each with its neighbours; then the real thing: a fresh
+there, and why not), of :func:`tpu_closure_fix.outcome.decide.decide` (one outcome, one exit code, for
+``status`` and for ``check``), each with its neighbours; then the real thing: a fresh
 interpreter asked, the caller's flags reaching it, the JSON object against docs/status.schema.json,
 ``--version``, and Ctrl-C / SIGTERM ending the children. Target tests (tests/target/test_activation.py)
 run a real ``pip install --target`` against a framework.
@@ -18,7 +18,11 @@ from types import SimpleNamespace
 import pytest
 
 from support.xla_model_source import xla_model_source
-from tpu_closure_fix import check, report
+from support.outcomes import check_outcome, status_outcome
+from tpu_closure_fix import check
+from tpu_closure_fix.outcome import payload as outcome_payload
+from tpu_closure_fix.outcome import records as report
+from tpu_closure_fix.outcome import decide, render
 from tpu_closure_fix.verify import fresh
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -79,7 +83,7 @@ def test_caller_flags_pass_on_what_changes_a_start_up():
     assert fresh.caller_flags(flags(no_site=1)) == ["-S"]
 
 
-# --------------------------------------------------------------------------- status_outcome, rule by rule
+# --------------------------------------------------------------------------- the outcome, rule by rule
 def record(verdict, module="lightning_fabric.plugins.precision.xla", method="XLAPrecision.optimizer_step",
            reason=""):
     return {"distribution": "lightning-fabric", "release": "2.6.6", "module": module, "method": method,
@@ -92,69 +96,70 @@ def payload(records, **fact_changes):
 
 
 def test_status_without_a_report_could_not_verify():
-    assert report.status_outcome(None, "boom")[:2] == ("could not verify", 3)
+    assert status_outcome(None, "boom")[:2] == ("could not verify", 3)
     failed = {"facts": facts(error="ImportError: wrapt")}
-    name, code, reason = report.status_outcome(failed)
+    name, code, reason = status_outcome(failed)
     assert (name, code) == ("could not verify", 3), reason
     # its own copy failed to list the sites: the fix installs this release there, files and all
     assert reason.startswith("COULD NOT VERIFY: /venv/bin/python could not list its sites (ImportError: wrapt). "
                              "Fix: install this release of tpu-closure-fix into it: `/venv/bin/python -m pip install "
                              "--force-reinstall "), reason
     lent = {"facts": facts(error="ImportError: wrapt", shim_origin=None)}
-    assert "`/venv/bin/python -m pip install /" in report.status_outcome(lent)[2]  # nothing of its own to replace
+    assert "`/venv/bin/python -m pip install /" in status_outcome(lent)[2]  # nothing of its own to replace
 
 
 def test_status_with_nothing_installed_says_so_and_exits_0():
-    name, code, reason = report.status_outcome(payload([record("not installed"), record("not in this release")]))
+    name, code, reason = status_outcome(payload([record("not installed"), record("not in this release")]))
     assert (name, code) == ("nothing to protect", 0) and reason.startswith("NOTHING TO PROTECT: ")
     # the neighbour: one installed site makes it a verdict about that site
-    assert report.status_outcome(payload([record("patched"), record("not installed")]))[0] == "protected"
+    assert status_outcome(payload([record("patched"), record("not installed")]))[0] == "protected"
 
 
 def test_status_with_the_hook_inactive_is_unprotected_naming_why_and_the_fix():
     target = dict(startup_armed=False, shim_origin="/opt/deps/tpu_closure_fix/__init__.py", pth_in=[])
-    name, code, reason = report.status_outcome(payload([record("patched")], **target))
+    name, code, reason = status_outcome(payload([record("patched")], **target))
     assert (name, code) == ("unprotected", 1)
     assert "the start-up hook does not run in /venv/bin/python (tpu_closure_fix is imported from /opt/deps" in reason
     assert "runs 1 affected site(s) unpatched" in reason and "Fix: install tpu-closure-fix into" in reason
     # fixed upstream needs no shim: the same interpreter is protected
-    assert report.status_outcome(payload([record("fixed upstream")], **target))[0] == "protected"
+    assert status_outcome(payload([record("fixed upstream")], **target))[0] == "protected"
     # switched off: the records say "disabled" (rule 4), not a start-up fix
-    off = report.status_outcome(payload([record("disabled", reason="TPU_CLOSURE_FIX=0")], switch="0",
+    off = status_outcome(payload([record("disabled", reason="TPU_CLOSURE_FIX=0")], switch="0",
                                         startup_armed=False))
     assert off[:2] == ("unprotected", 1) and "(disabled: TPU_CLOSURE_FIX=0)" in off[2]
     assert off[2].endswith("Fix: `unset TPU_CLOSURE_FIX`.") and "site-packages" not in off[2]
 
 
 def test_status_with_a_buggy_site_is_unprotected_and_with_none_protected():
-    bad = report.status_outcome(payload([record("patched"), record("skipped", method="Other.step",
+    bad = status_outcome(payload([record("patched"), record("skipped", method="Other.step",
                                                                     reason="unknown release 9.9")]))
     assert bad[:2] == ("unprotected", 1) and "Other.step (skipped: unknown release 9.9)" in bad[2]
-    good = report.status_outcome(payload([record("patched"), record("guarded"), record("fixed upstream")]))
+    good = status_outcome(payload([record("patched"), record("guarded"), record("fixed upstream")]))
     assert good == ("protected", 0, "PROTECTED: every installed affected site is patched, guarded or fixed "
                                     "upstream (3 site(s)); start-up hook active.")
     # only fixed-upstream code, the hook off: protected, and the reason says the hook is off
-    upstream = report.status_outcome(payload([record("fixed upstream")], switch="0", startup_armed=False))
+    upstream = status_outcome(payload([record("fixed upstream")], switch="0", startup_armed=False))
     assert upstream[2].endswith("(1 site(s)); start-up hook inactive, no site needs it.")
 
 
-# --------------------------------------------------------------------------- check.decide's two rules from them
-def test_check_with_nothing_installed_is_nothing_to_protect_exit_0():
-    out = check.decide([], {"sites": [], "untested": []}, None, installed=0)
-    assert (out.name, out.exit_code) == ("nothing to protect", 0)
-    # neighbours: not knowing how many are installed, or a graph check asked for that could not start,
-    # stay "could not verify"
-    assert check.decide([], {"sites": [], "untested": []}, None).exit_code == 3
-    assert check.decide([], {"sites": [], "untested": []}, None, "--xla-python X cannot import torch_xla",
-                        installed=0).exit_code == 3
+# --------------------------------------------------------------------------- check: the same rules, self-tests added
+EVENTS_OK = {"sites": [{"site": "m:C.step", "ok": True, "verdict": "patched", "events": []}], "untested": []}
 
 
-def test_check_with_a_start_up_gap_is_unprotected_before_anything_else():
-    events = {"sites": [{"site": "m:C.step", "ok": True, "verdict": "patched", "events": []}]}
-    out = check.decide([], events, None, installed=1, startup_gap="the start-up hook does not run in X")
-    assert (out.name, out.exit_code, out.reason) == ("unprotected", 1,
-                                                     "UNPROTECTED: the start-up hook does not run in X")
-    assert check.decide([], events, None, installed=1).name == "protected"  # the twin: no gap
+def test_check_with_nothing_installed_is_nothing_to_protect_exit_0_as_status():
+    nothing = payload([record("not installed")])
+    out = check_outcome(nothing, {"sites": [], "untested": []})
+    assert (out.name, out.exit_code) == ("nothing to protect", 0) and out == status_outcome(nothing)
+    # the neighbour: one installed site and a self-test that drove nothing: could not verify
+    assert check_outcome(payload([record("patched")]), {"sites": [], "untested": []}).exit_code == 3
+
+
+def test_check_with_a_start_up_gap_is_unprotected_before_any_self_test():
+    target = dict(startup_armed=False, shim_origin="/opt/deps/tpu_closure_fix/__init__.py", pth_in=[])
+    out = check_outcome(payload([record("patched")], **target), EVENTS_OK)
+    assert (out.name, out.exit_code, out.rule) == ("unprotected", 1, 4) and out == status_outcome(
+        payload([record("patched")], **target))
+    assert check_outcome(payload([record("patched")]), EVENTS_OK).name == "protected"  # the twin: no gap
 
 
 # --------------------------------------------------------------------------- a real fresh interpreter
@@ -218,6 +223,27 @@ def test_status_json_is_one_object_of_the_documented_schema():
         _validate(out["sites"], schema)
     with pytest.raises(AssertionError):
         _validate(dict(out, outcome="OK"), schema)
+
+
+def test_check_json_and_every_outcome_s_json_are_objects_of_the_documented_schema():
+    from support.outcomes import evidence
+
+    with open(os.path.join(REPO, "docs", "status.schema.json")) as handle:
+        schema = json.load(handle)
+    proc = cli("check", "--json", "--no-graph")
+    out = json.loads(proc.stdout)
+    _validate(out, schema)
+    assert out["command"] == "check" and out["rule"] == 3 and out["exit_code"] == proc.returncode == 0, out
+    target = dict(startup_armed=False, shim_origin="/opt/deps/tpu_closure_fix/__init__.py", pth_in=[])
+    for given, error in ((None, "boom"), (payload([record("not installed")]), None),
+                         (payload([record("patched")], **target), None), (payload([record("patched")]), None),
+                         (payload([record("failed", reason=report.IMPORT_FAILED + "ImportError: x")]), None)):
+        for site in (given or {}).get("records", []):
+            site.setdefault("integration", "lightning")
+        seen = evidence(given, error)
+        result = render.json_object(seen, decide.decide(seen))
+        _validate(json.loads(json.dumps(result)), schema)
+        assert set(schema["required"]) <= set(result), set(schema["required"]) - set(result)
 
 
 def test_version():
@@ -392,26 +418,25 @@ def test_the_twin_without_a_closure_into_the_step_has_nothing_to_protect(tmp_pat
 def test_status_rules_for_uncovered_steps_and_import_failures():
     found = [{"file": "/x/a.py", "line": 3, "module": "a", "function": "C.step"}]
     nothing = dict(payload([record("not installed")]), uncovered=found)
-    assert report.status_outcome(nothing)[:2] == ("could not verify", 3)  # never "nothing to protect"
+    assert status_outcome(nothing)[:2] == ("could not verify", 3)  # never "nothing to protect"
     patched = dict(payload([record("patched")]), uncovered=found)
-    assert report.status_outcome(patched)[:2] == ("could not verify", 3)  # never "protected"
+    assert status_outcome(patched)[:2] == ("could not verify", 3)  # never "protected"
     buggy = dict(payload([record("disabled", reason="TPU_CLOSURE_FIX=0")]), uncovered=found)
-    assert report.status_outcome(buggy)[:2] == ("unprotected", 1)  # a known buggy site wins
+    assert status_outcome(buggy)[:2] == ("unprotected", 1)  # a known buggy site wins
     failed_scan = dict(payload([record("patched")]), scan_error="OSError: x")
-    assert report.status_outcome(failed_scan)[:2] == ("could not verify", 3)
+    assert status_outcome(failed_scan)[:2] == ("could not verify", 3)
     broken = payload([record("failed", reason=report.IMPORT_FAILED + "ImportError: numpy")])
-    assert report.status_outcome(broken) == ("could not verify", 3, "COULD NOT VERIFY: lightning_fabric.plugins."
+    assert status_outcome(broken) == ("could not verify", 3, "COULD NOT VERIFY: lightning_fabric.plugins."
                                              "precision.xla:XLAPrecision.optimizer_step cannot be imported (import "
                                              "failed: ImportError: numpy). Fix: make `/venv/bin/python -c 'import "
                                              "lightning_fabric.plugins.precision.xla'` succeed (it shows the whole "
                                              "error).")
     known = payload([record("failed", reason=report.IMPORT_FAILED + "ImportError: numpy; fix: pip install 'numpy<2'")])
     # the one fix, the known one, installed into the interpreter asked about (a bare pip may be another's)
-    assert report.status_outcome(known)[2].endswith("(import failed: ImportError: numpy). Fix: `/venv/bin/python -m "
-                                                    "pip install 'numpy<2'`."), report.status_outcome(known)[2]
-    events = {"sites": [{"site": "m:C.step", "ok": True, "verdict": "patched", "events": []}]}
-    out = check.decide([], events, None, installed=1, uncovered="/x/a.py:3 holds one")
-    assert (out.name, out.reason) == ("could not verify", "COULD NOT VERIFY: /x/a.py:3 holds one")
+    assert status_outcome(known)[2].endswith("(import failed: ImportError: numpy). Fix: `/venv/bin/python -m "
+                                                    "pip install 'numpy<2'`."), status_outcome(known)[2]
+    out = check_outcome(patched, EVENTS_OK)
+    assert out == status_outcome(patched) and out.reason.startswith("COULD NOT VERIFY: /x/a.py:3 (a:C.step) holds")
 
 
 def test_python_names_another_interpreter_and_the_report_is_about_it(tmp_path):
@@ -425,10 +450,10 @@ def test_python_names_another_interpreter_and_the_report_is_about_it(tmp_path):
         out = json.loads(proc.stdout)
         assert out["python"]["executable"] == other, out
         assert out["startup_hook"] == {"active": False, "reason": "tpu_closure_fix is not installed for %s" % other}
-        if command == "status":  # nothing the shim covers there: said as such
-            assert (proc.returncode, out["outcome"]) == (0, "nothing to protect"), out["reason"]
-        else:  # the event self-test cannot import the shim there: no verdict
-            assert (proc.returncode, out["outcome"]) == (3, "could not verify"), out["reason"]
+        # nothing the shim covers there: said as such, by both commands (check runs no self-test on nothing)
+        assert (proc.returncode, out["outcome"]) == (0, "nothing to protect"), out["reason"]
+        if command == "check":
+            assert out["event_check"]["not_run"] == check.NOT_RUN[3], out["event_check"]
     # the twin: this interpreter, where the shim is installed
     mine = json.loads(cli("status", "--json").stdout)
     assert mine["python"]["executable"] == sys.executable and mine["startup_hook"]["active"] is True
@@ -492,7 +517,7 @@ def _status_of_a_child_reporting(monkeypatch, version):
         argv, 0, reported, "", "", 0.1, False, None))
     monkeypatch.setattr(fresh, "_beside_script", lambda payload, flags, script: {"directory": "/x", "found": []})
     got, error = fresh.run_status(python="/old/bin/python", flags=[])
-    return got, error, report.status_outcome(got, error)
+    return got, error, status_outcome(got, error)
 
 
 def test_status_and_check_give_no_verdict_about_a_python_before_3_8(monkeypatch):
@@ -530,7 +555,7 @@ def test_a_real_python_before_3_8_could_not_verify(command, tmp_path):
         assert ("is Python %s, which tpu-closure-fix does not run on" % out["python"]["version"]) in out["reason"]
         assert "Fix: train and check with a Python 3.8 or newer" in out["reason"], out["reason"]
         if command == "check":  # no self-test about a verdict withheld
-            assert out["event_check"]["not_run"] == check.NOT_RUN_NO_SITES and not out["event_check"]["sites"]
+            assert out["event_check"]["not_run"] == check.NOT_RUN[1] and not out["event_check"]["sites"]
 
 
 # --------------------------------------------------------------------------- what a script started there runs
@@ -543,11 +568,11 @@ def test_a_real_python_before_3_8_could_not_verify(command, tmp_path):
     (facts(here=True), False),  # status --here: this process, not asked
 ])
 def test_the_shim_is_left_off_exactly_where_the_start_up_hook_leaves_it_off(given, off):
-    assert report.hook_leaves_shim_off(given) is off
+    assert outcome_payload.leaves_shim_off(given, fresh.startup_hook(given)) is off
 
 
 def _records_from(monkeypatch, finding, **kwargs):
-    """report.status() over a table whose every site is installed and examined as ``finding``."""
+    """records.status() over a table whose every site is installed and examined as ``finding``."""
     monkeypatch.setattr(report, "_installed", lambda package: True)
     monkeypatch.setattr(report.engine, "reconcile", lambda: [])
     monkeypatch.setattr(report.engine, "examine", lambda key: finding)
@@ -559,7 +584,7 @@ def test_a_site_left_off_because_the_hook_does_not_run_is_unpatched_not_disabled
     from tpu_closure_fix import engine
 
     off = engine.Finding(engine.DISABLED, "TPU_CLOSURE_FIX=0", None, "1.8.6", None)
-    records = _records_from(monkeypatch, off, unpatched_reason=report.HOOK_INACTIVE)
+    records = _records_from(monkeypatch, off, unpatched_reason=outcome_payload.HOOK_INACTIVE)
     assert {(r["verdict"], r["reason"]) for r in records} == {("unpatched", "start-up hook inactive")}
     assert all(r in report.unprotected(records) for r in records)
     # the twin: switched off by the user, the records keep saying so
@@ -567,7 +592,7 @@ def test_a_site_left_off_because_the_hook_does_not_run_is_unpatched_not_disabled
     assert {(r["verdict"], r["reason"]) for r in records} == {("disabled", "TPU_CLOSURE_FIX=0")}
     # a site the shim would leave alone anyway keeps its own verdict
     skipped = engine.Finding(engine.SKIPPED, "unknown release 9.9", None, "9.9", None)
-    records = _records_from(monkeypatch, skipped, unpatched_reason=report.HOOK_INACTIVE)
+    records = _records_from(monkeypatch, skipped, unpatched_reason=outcome_payload.HOOK_INACTIVE)
     assert {r["verdict"] for r in records} == {"skipped"}
 
 
@@ -576,9 +601,9 @@ def test_a_hook_gap_never_counts_sites_that_cannot_be_imported():
     outcome is the import failure's (could not verify)."""
     target = dict(startup_armed=False, shim_origin="/opt/deps/tpu_closure_fix/__init__.py", pth_in=[])
     broken = record("failed", reason=report.IMPORT_FAILED + "ModuleNotFoundError: No module named 'torch'")
-    assert report.status_outcome(payload([broken], **target))[:2] == ("could not verify", 3)
-    unpatched = record("unpatched", method="Other.step", reason=report.HOOK_INACTIVE)
-    name, code, reason = report.status_outcome(payload([broken, unpatched], **target))
+    assert status_outcome(payload([broken], **target))[:2] == ("could not verify", 3)
+    unpatched = record("unpatched", method="Other.step", reason=outcome_payload.HOOK_INACTIVE)
+    name, code, reason = status_outcome(payload([broken, unpatched], **target))
     assert (name, code) == ("unprotected", 1) and "runs 1 affected site(s) unpatched" in reason, reason
 
 
@@ -666,7 +691,7 @@ def test_an_installed_compiled_only_distribution_is_named_covered_by_the_patched
                     "covered_by": "torch_xla",
                     "call": "XLAPrecision.optimizer_step passes the closure to xm.optimizer_step",
                     "guard": "torch_xla.core.xla_model:optimizer_step patched"}
-    (line,) = report.render_compiled_only(out["compiled_only"])
+    (line,) = render.compiled_only_lines(out["compiled_only"])
     assert line.startswith("pytorch-lightning-enterprise 2.6.0 (compiled only") and \
         "covered by the torch_xla guard (torch_xla.core.xla_model:optimizer_step patched)." in line
     with open(os.path.join(REPO, "docs", "status.schema.json")) as handle:
@@ -688,7 +713,7 @@ def test_a_compiled_only_distribution_with_the_guard_not_in_place_is_covered_by_
     assert (code, out["outcome"]) == (1, "unprotected"), out["reason"]
     (item,) = out["compiled_only"]
     assert item["covered_by"] is None and guard in item["guard"], item
-    (line,) = report.render_compiled_only(out["compiled_only"])
+    (line,) = render.compiled_only_lines(out["compiled_only"])
     assert "NOTHING covers it: the torch_xla guard is not in place (torch_xla.core.xla_model:" + guard in line
 
 
@@ -701,7 +726,7 @@ def test_a_compiled_only_distribution_without_torch_xla_is_named_and_nothing_cov
 
 
 def test_without_a_compiled_only_distribution_nothing_is_named():
-    assert report.compiled_only([]) == [] and report.render_compiled_only([]) == []
+    assert report.compiled_only([]) == [] and render.compiled_only_lines([]) == []
 
 
 # --------------------------------------------------------------------------- a PYTHONPATH relative to the working directory
@@ -714,13 +739,36 @@ def test_relative_pythonpath_entries_are_named(value, relative):
     assert child.relative_pythonpath({"PYTHONPATH": value}) == relative
 
 
-def test_a_relative_pythonpath_entry_gives_no_verdict_and_starts_no_child(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([REPO, "deps"]))
+def test_a_relative_pythonpath_entry_of_this_user_is_given_to_the_child_resolved(monkeypatch, tmp_path):
+    """The interpreter that trains, started here, follows ``deps``: so does the child, by its absolute path. One
+    naming no folder is left out (the training finds nothing there either)."""
+    (tmp_path / "deps").mkdir(mode=0o755)
+    monkeypatch.chdir(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([REPO, "deps", "gone"]))
+    started = []
+    monkeypatch.setattr(fresh.child, "run_child", lambda argv, timeout, env: started.append(env) or SimpleNamespace(
+        payload={"facts": {}}, error=None, timed_out=False))
+    assert fresh.run_status(flags=[]) == ({"facts": {}}, None)
+    assert started[0]["PYTHONPATH"] == os.pathsep.join([REPO, os.path.realpath(str(tmp_path / "deps"))])
+
+
+def test_a_relative_pythonpath_entry_others_can_write_gives_no_verdict_saying_why(monkeypatch, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.chdir(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([REPO, "shared"]))
     monkeypatch.setattr(fresh.child, "run_child", lambda *a, **k: pytest.fail("a child was started"))
     got, error = fresh.run_status(flags=[])
-    assert got is None and error.startswith("PYTHONPATH holds 'deps', relative to the working directory")
-    assert "PYTHONPATH=$PWD/deps" in error
-    assert report.status_outcome(got, error)[:2] == ("could not verify", 3)
+    assert got is None and error.startswith("PYTHONPATH holds 'shared', relative to the working directory: it "
+                                            "names %s, which others can write" % os.path.realpath(str(shared)))
+    assert "PYTHONPATH=$PWD/shared" in error
+    out = status_outcome(got, error)
+    assert out[:2] == ("could not verify", 3)
+    # the header says why in words, never "python: ? (?)" nor a bare "unknown"
+    header = render.header(outcome_payload.receive(got, error, asked="/venv/bin/python", environ={}))
+    assert header == ["python: /venv/bin/python (no report, the outcome below says why)",
+                      "start-up hook: not known (no report from /venv/bin/python: the outcome below says why)"], header
 
 
 @pytest.mark.parametrize("flags", [["-E"], ["-I"]])
@@ -728,16 +776,16 @@ def test_a_relative_pythonpath_entry_twin_ignored_by_the_interpreter_does_not_ma
     monkeypatch.setenv("PYTHONPATH", "deps")
     started = []
     monkeypatch.setattr(fresh.child, "run_child", lambda *a, **k: started.append(a) or SimpleNamespace(
-        payload={"facts": {}}, error=None))
+        payload={"facts": {}}, error=None, timed_out=False))
     assert fresh.run_status(flags=flags) == ({"facts": {}}, None) and len(started) == 1
 
 
-def test_status_with_a_framework_behind_a_relative_pythonpath_could_not_verify_and_absolute_it_is_judged(tmp_path):
+def test_status_with_a_framework_behind_a_relative_pythonpath_is_judged_as_behind_its_absolute_path(tmp_path):
     folder = _package(tmp_path, "import torch_xla.core.xla_model as xm\n" + UNCOVERED)
     name = os.path.relpath(folder, str(tmp_path))
     proc = cli("status", env={"PYTHONPATH": os.pathsep.join([name, REPO])}, cwd=str(tmp_path))
-    assert proc.returncode == 3 and "COULD NOT VERIFY: PYTHONPATH holds %r" % name in proc.stdout, proc.stdout
-    # the twin: the same folder by its absolute path is searched and judged (here: an uncovered step)
+    assert proc.returncode == 3 and "XLA optimizer step no row covers" in proc.stdout, proc.stdout
+    # the twin: the same folder by its absolute path is judged the same (here: an uncovered step)
     proc = cli("status", env={"PYTHONPATH": os.pathsep.join([folder, REPO])}, cwd=str(tmp_path))
     assert proc.returncode == 3 and "XLA optimizer step no row covers" in proc.stdout, proc.stdout
 
@@ -810,9 +858,9 @@ def test_the_child_activates_the_shim_only_where_the_start_up_hook_would(monkeyp
 
     calls = []
     monkeypatch.setattr(activation, "activate", lambda: calls.append("activate"))
-    monkeypatch.setattr(report, "payload", lambda f: {"facts": f})
-    monkeypatch.setattr(report.child, "emit", lambda value: calls.append("emit"))
-    report.child_main(given)
+    monkeypatch.setattr(outcome_payload, "build", lambda f, hook: {"facts": f})
+    monkeypatch.setattr(fresh.child, "emit", lambda value: calls.append("emit"))
+    outcome_payload.child_main(given)
     assert calls == (["activate", "emit"] if activated else ["emit"])
 
 
@@ -839,13 +887,6 @@ def test_an_interpreter_without_packaging_is_told_the_fix(monkeypatch):
         releases.in_range("1.8.6", ">=1.5.0,<1.9.0")
     monkeypatch.undo()
     assert releases.in_range("1.8.6", ">=1.5.0,<1.9.0")  # the twin: packaging there, the release compared
-
-
-def test_the_sync_check_line_with_the_hook_inactive_says_it_is_not_armed_there(monkeypatch):
-    monkeypatch.setenv("TPU_CLOSURE_FIX_SYNC_CHECK", "30")
-    line = report._sync_check_line(hook_inactive=True)
-    assert line.startswith("zero-code sync check: not armed (start-up hook inactive:") and len(line) <= 120
-    assert "start-up hook inactive" not in report._sync_check_line()  # the twin: this process, where it is asked
 
 
 def test_status_read_by_a_reader_that_leaves_early_prints_no_traceback(tmp_path):

@@ -7,7 +7,8 @@ import shlex
 import pytest
 from packaging.requirements import Requirement
 
-from tpu_closure_fix import install, report
+from support.outcomes import status_outcome
+from tpu_closure_fix import install
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON = "/home/user/venv/bin/python"
@@ -99,7 +100,7 @@ def record(verdict, reason="", module="lightning_fabric.plugins.precision.xla", 
 
 
 def outcome(records, **fact_changes):
-    return report.status_outcome({"facts": facts(**fact_changes), "records": records})
+    return status_outcome({"facts": facts(**fact_changes), "records": records})
 
 
 def fix_of(reason):
@@ -156,7 +157,7 @@ def test_an_uncovered_step_names_a_pin_of_its_frameworks_newest_verified_range()
               "module": "pytorch_lightning.core.optimizer", "function": "LightningOptimizer.__step_on_tpu"}]
     given = {"facts": facts(startup_loaded=True, startup_armed=True, shim_origin=SITE + "/tpu_closure_fix/__init__.py",
                             pth_in=[SITE]), "records": [record("fixed upstream")], "uncovered": found}
-    name, code, reason = report.status_outcome(given)
+    name, code, reason = status_outcome(given)
     assert (name, code) == ("could not verify", 3)
     pin = Requirement(named_path(fix_of(reason).split("`")[1]))
     assert pin.name == "pytorch-lightning" and "2.6.6" in pin.specifier and "2.6.7" not in pin.specifier

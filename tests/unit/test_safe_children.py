@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from support.local_users import plant_markers, ran, second_user, shared_directory
+from support.xla_model_source import xla_model_source
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLANTED = ("torch", "tpu_closure_fix", "json", "runpy")
@@ -92,9 +93,17 @@ def other_python(tmp_path_factory):
 @second_user
 def test_the_xla_python_probe_never_runs_a_module_planted_in_the_working_directory(planted, tmp_path,
                                                                                     other_python):
-    """``--xla-python``: a child of that interpreter asks whether it can import torch_xla (it cannot here)."""
+    """``--xla-python``: a child of that interpreter asks whether it can import torch_xla (it cannot here). The
+    interpreter asked has a stand-in torch_xla installed, so that check has a site to test and runs its
+    self-tests (with none installed, it answers "nothing to protect" before any)."""
     shared, marker = planted
-    proc = subprocess.run(tool(tmp_path, "check", "--xla-python", other_python, "--timeout", "300"), cwd=shared,
+    site = tmp_path / "site"
+    (site / "torch_xla" / "core").mkdir(parents=True)
+    (site / "torch_xla" / "__init__.py").write_text("__version__ = '2.1.0'\n")
+    (site / "torch_xla" / "core" / "__init__.py").write_text("")
+    (site / "torch_xla" / "core" / "xla_model.py").write_text(xla_model_source())
+    proc = subprocess.run(tool(tmp_path, "check", "--xla-python", other_python, "--timeout", "300",
+                               pythonpath_for_children=REPO + os.pathsep + str(site)), cwd=shared,
                           env=environment(), capture_output=True, text=True, timeout=400)
     assert ran(marker) == [], "the probe ran the planted %s" % ran(marker)
     assert proc.returncode == 3 and "--xla-python %s cannot import torch_xla" % other_python in proc.stdout, \

@@ -2,7 +2,7 @@
 
 ``python train.py`` imports a ``pytorch_lightning/`` beside ``train.py`` before site-packages; the fresh
 interpreter of ``status`` never searches that directory. The rules of :mod:`tpu_closure_fix.verify.script_dir`
-one by one, the outcome rule of ``report.status_outcome``, then the real command run from such a directory (and
+one by one, the outcome rule of ``tpu_closure_fix.outcome.decide``, then the real command run from such a directory (and
 with ``--script``): COULD NOT VERIFY (exit 3) naming the package, the release and the directory, and the planted
 package never runs. Before, the same run said NOTHING TO PROTECT, exit 0.
 """
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tpu_closure_fix import report
+from support.outcomes import status_outcome
 from tpu_closure_fix.verify import script_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -91,7 +91,7 @@ def _payload(found):
 
 def test_the_outcome_with_a_framework_beside_the_script_is_could_not_verify():
     found = [{"package": "pytorch_lightning", "path": "/work/pytorch_lightning", "release": "1.0.8"}]
-    name, code, reason = report.status_outcome(_payload(found))
+    name, code, reason = status_outcome(_payload(found))
     assert (name, code) == ("could not verify", 3)
     assert reason.startswith("COULD NOT VERIFY: pytorch_lightning 1.0.8 at /work/pytorch_lightning is what a script "
                              "run from /work imports"), reason
@@ -99,9 +99,9 @@ def test_the_outcome_with_a_framework_beside_the_script_is_could_not_verify():
     assert reason.endswith(" Fix: install it into the interpreter, `/venv/bin/python -m pip install "
                            "pytorch-lightning==1.0.8`, and move /work/pytorch_lightning out of /work."), reason
     unknown = [dict(found[0], release=None)]  # no release read: the newest verified range of its rows
-    assert "`/venv/bin/python -m pip install 'pytorch-lightning>=" in report.status_outcome(_payload(unknown))[2]
+    assert "`/venv/bin/python -m pip install 'pytorch-lightning>=" in status_outcome(_payload(unknown))[2]
     # the twin: nothing there, and nothing installed: nothing to protect
-    assert report.status_outcome(_payload([]))[:2] == ("nothing to protect", 0)
+    assert status_outcome(_payload([]))[:2] == ("nothing to protect", 0)
 
 
 # --------------------------------------------------------------------------- the real command
@@ -203,11 +203,11 @@ def test_a_working_directory_gone_names_the_fix_of_running_from_the_script_s_dir
 def test_the_outcome_after_a_failed_scan_is_could_not_verify():
     failed = _payload([])
     failed["beside_script"]["error"] = script_dir.scan_failure("/work", PermissionError(13, "Permission denied"))
-    name, code, reason = report.status_outcome(failed)
+    name, code, reason = status_outcome(failed)
     assert (name, code) == ("could not verify", 3)
     assert reason == "COULD NOT VERIFY: %s." % failed["beside_script"]["error"]
     # the twin: the same payload scanned without a failure has its verdict
-    assert report.status_outcome(_payload([]))[:2] == ("nothing to protect", 0)
+    assert status_outcome(_payload([]))[:2] == ("nothing to protect", 0)
 
 
 @pytest.mark.parametrize("command", ["status", "check"])
@@ -227,4 +227,4 @@ def test_run_from_a_directory_that_cannot_be_scanned_could_not_verify_naming_it(
     assert out["reason"].startswith("COULD NOT VERIFY: the scan of %s, " % project), out["reason"]
     assert "(%s: " % failure.__name__ in out["reason"] and "`--script PATH`" in out["reason"], out["reason"]
     if command == "check":  # no self-test about what is unknown
-        assert out["event_check"]["not_run"] == check.NOT_RUN_SCAN_FAILED
+        assert out["event_check"]["not_run"] == check.NOT_RUN[2]

@@ -141,12 +141,11 @@ def test_twin_the_same_message_on_one_line_is_refused_by_the_width_check(variabl
 
 def test_status_names_a_bad_sync_check_value_on_one_line(monkeypatch):
     """``status`` quotes the warning's first sentence on its own line, not the warning's line breaks."""
-    from tpu_closure_fix import report
+    from tpu_closure_fix.outcome import sync_line
 
-    monkeypatch.setenv(config.SYNC_CHECK_VAR, "often")
-    assert synchook.armed_every() == 0  # not armed in this process: the line reads the variable
-    assert report._sync_check_line() == ("zero-code sync check: off (TPU_CLOSURE_FIX_SYNC_CHECK='often' is not an "
-                                         "accepted value)")
+    line = sync_line.line({}, (True, "armed"), {config.SYNC_CHECK_VAR: "often"})
+    assert line == ("zero-code sync check: off: TPU_CLOSURE_FIX_SYNC_CHECK='often' is not an accepted value (the "
+                    "training process warns and leaves it off)")
 
 
 @pytest.mark.parametrize("variable", sorted(VARIABLES))

@@ -571,15 +571,17 @@ def test_run_refuses_bad_values_with_the_accepted_ones(argv, capsys):
     assert "whole number of optimizer steps" in err or "choose from 'warn', 'raise'" in err, err
 
 
-def test_status_line(monkeypatch):
-    from tpu_closure_fix import report
+def test_the_status_line_says_what_the_training_process_will_do_not_what_this_one_armed(monkeypatch):
+    from tpu_closure_fix.outcome import sync_line
 
-    monkeypatch.delenv("TPU_CLOSURE_FIX_SYNC_CHECK", raising=False)
-    assert report._sync_check_line() == "zero-code sync check: off (TPU_CLOSURE_FIX_SYNC_CHECK unset)"
-    monkeypatch.setenv("TPU_CLOSURE_FIX_SYNC_CHECK", "30")
-    assert report._sync_check_line().startswith("zero-code sync check: NOT armed although TPU_CLOSURE_FIX_SYNC_CHECK=30")
-    synchook.arm_from_environment()
-    assert report._sync_check_line().startswith("zero-code sync check: armed, every 30 optimizer steps")
+    active = (True, "armed at interpreter start by the start-up module")
+    assert sync_line.line({}, active, {}) == "zero-code sync check: off (TPU_CLOSURE_FIX_SYNC_CHECK unset)"
+    armed = ("zero-code sync check: armed at the first optimizer step of a process that imports torch: every 30 "
+             "steps, on divergence: warn")
+    monkeypatch.delitem(sys.modules, "torch.optim.optimizer", raising=False)  # this process: torch.optim unused
+    assert sync_line.line({}, active, {"TPU_CLOSURE_FIX_SYNC_CHECK": "30"}) == armed
+    synchook.arm_from_environment({"TPU_CLOSURE_FIX_SYNC_CHECK": "7"})  # armed here: says nothing of the training
+    assert sync_line.line({}, active, {"TPU_CLOSURE_FIX_SYNC_CHECK": "30"}) == armed
 
 
 # --------------------------------------------------------------------------- TPU_CLOSURE_FIX_LOG=info

@@ -11,7 +11,7 @@ default, or ``--python PATH`` -- with the caller's environment and interpreter f
    would be imported from, which site directories hold the ``.pth`` file, the interpreter's flags;
 2. then, importing the shim held back (the interpreter's own copy, or, when it cannot import one, this
    process's, only to read the call-site table) and activating it only where the start-up hook would, every
-   site's record (:func:`tpu_closure_fix.report.payload`): what a script started there runs. Where the hook
+   site's record (:func:`tpu_closure_fix.outcome.payload.build`): what a script started there runs. Where the hook
    does not run, a site the shim would patch is ``unpatched (start-up hook inactive)``, never ``patched``.
 
 :func:`startup_hook` turns the facts of (1) into "active" or "inactive, because ...", one numbered rule
@@ -54,7 +54,8 @@ facts["pth_in"] = [d for d in _dirs if os.path.isfile(os.path.join(d, __PTH__))]
 
 # Then: the shim (the interpreter's own, else this process's copy, last on the path) lists every site. It is
 # imported held back (switched off, the zero-code check not asked for): the interpreter that trains activates it
-# only through its start-up hook, so report.child_main activates it only where that hook runs.
+# only through its start-up hook, so child_main (tpu_closure_fix.outcome.payload; in a release before it,
+# tpu_closure_fix.report) activates it only where that hook runs.
 _REPORT = r"""
 if _spec is None:
     sys.dont_write_bytecode = True  # the lent copy is this process's: nothing written into it
@@ -63,13 +64,17 @@ _held = {name: os.environ.pop(name, None) for name in __HELD__}
 os.environ["TPU_CLOSURE_FIX"] = "0"
 try:
     try:
-        from tpu_closure_fix import report as _report
+        import tpu_closure_fix
+        try:
+            from tpu_closure_fix.outcome.payload import child_main as _child_main
+        except ImportError:
+            from tpu_closure_fix.report import child_main as _child_main
     finally:
         for _name, _value in _held.items():
             os.environ.pop(_name, None)
             if _value is not None:
                 os.environ[_name] = _value
-    _report.child_main(facts)
+    _child_main(facts)
 except Exception as exc:
     import json
     facts["error"] = "%s: %s" % (type(exc).__name__, exc)
@@ -146,30 +151,39 @@ def command(python=None, flags=None, lent=None):
     return argv[:1] + (caller_flags() if flags is None else list(flags)) + argv[1:]
 
 
-def run_status(python=None, flags=None, timeout=TIMEOUT, script=None):
+#: After how many seconds of waiting for the fresh interpreter one line on stderr says what is awaited.
+NOTICE_AFTER = 5.0
+
+
+def run_status(python=None, flags=None, timeout=TIMEOUT, script=None, notice_after=NOTICE_AFTER, notice=None):
     """``(payload, error)``: the fresh interpreter's facts and records, or None and why it failed.
 
     ``payload["beside_script"]``: the framework packages in the directory of the training script ``script``
     (default: the working directory) that a script run from there imports instead of what the child imported
     (:mod:`.script_dir`; the child never searches that directory), with that ``directory``.
 
-    A ``PYTHONPATH`` entry relative to the working directory is never followed by a child (see
-    :func:`tpu_closure_fix.verify.child.safe_environment`); the interpreter that trains would follow it, so
-    with one no verdict is given: the error names it and the fix. ``-E``/``-I`` make every interpreter
-    ignore ``PYTHONPATH``: then it does not matter. An interpreter older than :data:`OLDEST` gets no verdict
-    either (:func:`too_old`): its payload comes back without records, the error naming its version and the fix."""
+    A ``PYTHONPATH`` entry relative to the working directory is what the interpreter that trains, started here,
+    follows: it is given to the child resolved against this working directory where that directory is this
+    user's own (:func:`resolved_pythonpath`); else no verdict is given and the error says why. ``-E``/``-I``
+    make every interpreter ignore ``PYTHONPATH``: then it does not matter. An interpreter older than
+    :data:`OLDEST` gets no verdict either (:func:`too_old`): its payload comes back without records, the error
+    naming its version and the fix. Waiting longer than ``notice_after`` seconds, one line on stderr (or
+    ``notice(line)``) says what for."""
     flags = caller_flags() if flags is None else list(flags)
-    relative = [] if {"-E", "-I"} & set(flags) else child.relative_pythonpath()
-    if relative:
-        return None, ("PYTHONPATH holds %s, relative to the working directory: a checking interpreter never "
-                      "searches it, while the one that trains would. Give %s as an absolute path (for example "
-                      "PYTHONPATH=$PWD/%s) and check again" % (
-                          ", ".join(repr(e) for e in relative), "it" if len(relative) == 1 else "each",
-                          relative[0].rstrip("/") or "."))
-    with _lent_folder() as lent:
-        run = child.run_child(command(python, flags, lent), timeout, env=child.safe_environment())
+    env = child.safe_environment()
+    if not {"-E", "-I"} & set(flags):
+        entries, refused = resolved_pythonpath(os.environ.get("PYTHONPATH", ""), os.getcwd())
+        if refused:
+            return None, refused
+        if entries:
+            env["PYTHONPATH"] = os.pathsep.join(entries)
+    asked = python or sys.executable
+    with _lent_folder() as lent, _notice(waiting_line(asked, timeout), notice_after, notice):
+        run = child.run_child(command(python, flags, lent), timeout, env=env)
+    if run.timed_out:
+        return None, ("%s did not list its call sites within %g s (--timeout; its processes were ended). Fix: make "
+                      "`%s -c pass` return, or give it more time: `--timeout SECONDS`" % (asked, timeout, asked))
     if run.payload is None:
-        asked = python or sys.executable
         return None, "%s could not report: %s. Fix: %s" % (asked, run.error or run.stderr_tail(),
                                                            unreported_fix(asked, run))
     older = too_old(run.payload.get("facts") or {})
@@ -178,6 +192,75 @@ def run_status(python=None, flags=None, timeout=TIMEOUT, script=None):
     if "records" in run.payload:
         run.payload["beside_script"] = _beside_script(run.payload, flags, script)
     return run.payload, None
+
+
+def waiting_line(python, timeout):
+    """The line saying what ``status`` and ``check`` wait for, after :data:`NOTICE_AFTER` seconds."""
+    return ("tpu-closure-fix: waiting for %s to list its call sites (it imports every installed framework; "
+            "gives up after %g s, --timeout SECONDS)" % (python, timeout))
+
+
+@contextlib.contextmanager
+def _notice(line, after, notice=None):
+    """Say ``line`` once (``notice(line)``; default: on stderr, fitted to the terminal) if the body still runs
+    ``after`` seconds on."""
+    import threading
+
+    def say():
+        if notice is not None:
+            notice(line)
+            return
+        from .. import textfit
+
+        sys.stderr.write(textfit.fit(line, textfit.width()) + "\n")
+        sys.stderr.flush()
+
+    timer = threading.Timer(after, say)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def resolved_pythonpath(value, cwd):
+    """``(entries, refused)``: the absolute ``PYTHONPATH`` entries of ``value`` a child is given, each relative
+    entry resolved against the working directory ``cwd`` the training starts in, and None; or None and why a
+    relative entry is not followed. It is followed where it names a folder this user (or root) owns and no
+    one else can write: code another user planted there would run in the check. An empty entry is never
+    followed (the working directory itself: :func:`.child.safe_environment`); one naming no folder is left
+    out (the interpreter that trains finds nothing there either)."""
+    entries = []
+    for entry in value.split(os.pathsep):
+        if not entry:
+            continue
+        if os.path.isabs(entry):
+            entries.append(entry)
+            continue
+        path = os.path.realpath(os.path.join(cwd, entry))
+        if not os.path.isdir(path):
+            continue
+        why = untrusted(path)
+        if why:
+            return None, ("PYTHONPATH holds %r, relative to the working directory: it names %s, which %s, so no "
+                          "checking interpreter runs code from it, while the one that trains would. If you trust "
+                          "it, give it as an absolute path (for example PYTHONPATH=$PWD/%s) and check again"
+                          % (entry, path, why, entry.rstrip("/") or "."))
+        entries.append(path)
+    return entries, None
+
+
+def untrusted(path):
+    """Why code in the folder ``path`` may be another user's (another owner, or others may write it), or None."""
+    import stat
+
+    info = os.stat(path)
+    if info.st_uid not in (os.getuid(), 0):
+        return "user id %d owns" % info.st_uid
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "others can write"
+    return None
 
 
 #: The oldest Python tpu-closure-fix runs on (pyproject.toml's requires-python).

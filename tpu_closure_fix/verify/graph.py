@@ -47,8 +47,9 @@ MODES = ("shim", "reference", "unpatched")
 # parent side (cheap, no heavy imports)
 # --------------------------------------------------------------------------------------------
 
-def graph_check_available(python=None, timeout=60):
-    """True when torch_xla is importable (in this interpreter, or in ``python`` if given)."""
+def graph_check_available(python=None, timeout=60, env=None):
+    """True when torch_xla is importable (in this interpreter, or in ``python`` if given, with the variables of
+    ``env`` over this process's, as the graph check will start it)."""
     # compare launcher paths, not realpaths: every venv's python is a symlink to the same binary
     if python is None or os.path.abspath(python) == os.path.abspath(sys.executable):
         import importlib.util
@@ -60,7 +61,8 @@ def graph_check_available(python=None, timeout=60):
     code = "import importlib.util, json; print(%r + json.dumps(importlib.util.find_spec('torch_xla') is not None))" \
         % _child.RESULT_MARK
     try:
-        run = _child.run_child(_child.python_code(code, python=python), timeout, env=_child.safe_environment())
+        run = _child.run_child(_child.python_code(code, python=python), timeout,
+                               env=_child.safe_environment(dict(os.environ, **(env or {}))))
     except OSError:
         return False
     return run.payload is True

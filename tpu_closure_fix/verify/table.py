@@ -48,9 +48,9 @@ def sites_to_verify(records=None):
     (skipped, "not verified") is driven with its method's newest row: its call decides.
     """
     if records is None:
-        from .. import report
+        from ..outcome import records as _records
 
-        records = report.status(import_errors=report.import_installed_sites())
+        records = _records.status(import_errors=_records.import_installed_sites())
     chosen = []
     for record in records:
         if record["verdict"] in VERIFIED_VERDICTS and record.get("variant"):
