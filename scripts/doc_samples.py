@@ -50,9 +50,10 @@ def demo_sample():
 
 
 def compiled_only_sample():
-    from tpu_closure_fix import report, textfit
+    from tpu_closure_fix import textfit
+    from tpu_closure_fix.outcome import render
 
-    return textfit.fit("\n".join(report.render_compiled_only(COMPILED_ONLY)))
+    return textfit.fit("\n".join(render.compiled_only_lines(COMPILED_ONLY)))
 
 
 def matrix_sample():
