@@ -65,10 +65,33 @@ def wrap(line, width=WIDTH, commands=True):
     follow = indent + CONTINUATION
     if len(follow) >= width // 2:  # a deeply indented line keeps room for its words
         follow = CONTINUATION
+    if commands:
+        parts = line.split("`")
+        for i in range(1, len(parts) - 1, 2):  # a command no line holds: on lines of its own, still pastable
+            if len(parts[i]) + 2 > width - len(follow):
+                before, after = "`".join(parts[:i]).rstrip(), "`".join(parts[i + 1:])
+                out = wrap(before, width, commands) if before.strip() else []
+                out += [follow + piece for piece in _shell_lines(parts[i], width - len(follow))]
+                rest = after.strip()
+                return out + (wrap(follow + rest, width, commands) if rest else [])
     held = _hold_commands(line.lstrip(" ")) if commands else line.lstrip(" ")
     return _release(textwrap.wrap(held, width=width, initial_indent=indent,
                                   subsequent_indent=follow, break_long_words=True, break_on_hyphens=False,
                                   drop_whitespace=True)) or [line[:width]]
+
+
+def _shell_lines(command, room):
+    """```command``` broken at its spaces into lines of at most ``room`` columns, each but the last ending in
+    `` \\`` (a shell's line continuation: pasted, the lines run as the one command); a single word longer than a
+    line stays whole on its own line."""
+    lines, current = [], "`"
+    for word in command.split(" "):
+        if current not in ("`", "") and len(current) + 1 + len(word) + 2 > room:
+            lines.append(current + " \\")
+            current = word
+        else:
+            current = current + word if current == "`" else current + " " + word
+    return lines + [current + "`"]
 
 
 def fit(text, width=WIDTH):

@@ -78,8 +78,9 @@ def widest(text):
 
 
 def words(text):
-    """The characters of ``text`` but its white space: a word longer than a narrow terminal's line is cut there."""
-    return ["".join(text.split())]
+    """The characters of ``text`` but its white space and the shell continuations (`` \\`` at a line's end) of a
+    command laid out on lines of its own: a word longer than a narrow terminal's line is cut there."""
+    return ["".join(text.replace(" \\\n", " ").split())]
 
 
 @pytest.mark.parametrize("columns, limit", TERMINALS)
