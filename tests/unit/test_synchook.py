@@ -167,10 +167,8 @@ def test_arm_puts_one_hook_in_torchs_registry_and_disarm_takes_it_out():
     synchook.arm(3)
     synchook.arm(3)
     assert synchook.armed_every() == 3 and len(registry) == before + 1
-    assert "armed, every 3 optimizer steps, on divergence: warn" in synchook.status_line({})
     synchook.disarm()
     assert synchook.armed_every() == 0 and len(registry) == before
-    assert synchook.status_line({}) == "zero-code sync check: off (TPU_CLOSURE_FIX_SYNC_CHECK unset or 0)"
 
 
 def test_torch_without_the_global_hook_gets_one_warning():

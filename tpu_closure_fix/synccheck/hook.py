@@ -208,25 +208,6 @@ def armed_every():
     return _armed["every"]
 
 
-def status_line(environ=None):
-    """One line for ``tpu-closure-fix status``: is the zero-code check armed in this process, and why."""
-    environ = os.environ if environ is None else environ
-    every = armed_every()
-    if every:
-        return ("zero-code sync check: armed, every %d optimizer steps, on divergence: %s (torch's optimizer "
-                "step hook registry holds it)" % (every, _armed["action"]))
-    raw = environ.get(SYNC_CHECK_VAR)
-    wanted, problem = parse_every(raw)
-    if problem:
-        return "zero-code sync check: off (%s)" % problem.split(";")[0]
-    if not wanted:
-        return "zero-code sync check: off (%s unset or 0)" % SYNC_CHECK_VAR
-    if TORCH_OPTIMIZER not in sys.modules:
-        return ("zero-code sync check: not armed: torch.optim is not imported in this process (%s=%d arms it "
-                "when it is)" % (SYNC_CHECK_VAR, wanted))
-    return "zero-code sync check: NOT armed although %s=%d (see the warnings above)" % (SYNC_CHECK_VAR, wanted)
-
-
 # --------------------------------------------------------------------------- the hooks
 def _running(frame):
     """Whether ``frame`` is still on this thread's stack (its step has not ended)."""
