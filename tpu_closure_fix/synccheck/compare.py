@@ -223,38 +223,38 @@ def decide(decoded, layout, error, channel, step, tolerance):
     not_compared = layout.not_compared if layout is not None else []
     looks = _FirstLooks(layout)
 
+    def early(outcome, **fields):
+        """A verdict reached before any tensor was looked at (rules 1-5): no first-look fact in it."""
+        return SyncReport(step, channel.size, channel.kind, names, tolerance=tolerance, outcome=outcome,
+                          not_compared=not_compared, **fields)
+
     def report(outcome, **fields):
-        fields.setdefault("not_compared", not_compared + looks.not_compared())
-        fields.setdefault("rule", looks.rule())
-        fields.setdefault("set_aside", looks.set_aside_names())
-        return SyncReport(step, channel.size, channel.kind, names, tolerance=tolerance, outcome=outcome, **fields)
+        """A verdict after the first looks: the tensors set aside are listed and named."""
+        return SyncReport(step, channel.size, channel.kind, names, tolerance=tolerance, outcome=outcome,
+                          not_compared=not_compared + looks.not_compared(), rule=looks.rule(),
+                          set_aside=looks.set_aside_names(), **fields)
 
     high, low = decoded["format"]
     # 1. Another format of the vector: nothing else in it can be read.
     if high != low:
-        return report("unverified", reason="the replicas run different SyncCheck formats", rule=None, set_aside=(),
-                      not_compared=not_compared)
+        return early("unverified", reason="the replicas run different SyncCheck formats")
     # 2. A replica could not list or fingerprint its tensors.
     if decoded["failed"][0] > 0:
         reason = ("%s: %s" % (type(error).__name__, error) if isinstance(error, Exception) and not
                   isinstance(error, Unlisted) else str(error) if error is not None
                   else "another replica could not list or fingerprint its parameters")
-        return report("unverified", reason=reason, local_error=error is not None, rule=None, set_aside=(),
-                      not_compared=not_compared)
+        return early("unverified", reason=reason, local_error=error is not None)
     # 3. Ranks at different steps: name them, compare nothing.
     if decoded["step"][0] != decoded["step"][1]:
-        return report("out_of_step", reason=_out_of_step(channel, step), rule=None, set_aside=(),
-                      not_compared=not_compared)
+        return early("out_of_step", reason=_out_of_step(channel, step))
     # 4. Nothing to compare on some replica: never "identical" without having looked.
     if decoded["count"][1] == 0:
-        return report("unverified", reason="no parameter tensors to compare on %s replica"
-                      % ("every" if decoded["count"][0] == 0 else "some"), rule=None, set_aside=(),
-                      not_compared=not_compared)
+        return early("unverified", reason="no parameter tensors to compare on %s replica"
+                     % ("every" if decoded["count"][0] == 0 else "some"))
     # 5. Different models: tensor count, lanes, shapes or dtypes.
     structure = _structure_mismatch(decoded, layout)
     if structure is not None:
-        return report("structure", structure=structure, rule=None, set_aside=(),
-                      not_compared=not_compared)
+        return early("structure", structure=structure)
     # 6. Bits differ somewhere: name the tensors and the ranks exactly (one all-gather). A tensor no layout
     #    places is judged by its own first look: different there, it alone is set aside; set aside before, its
     #    difference is no news; a replica (seen equal once) that differs now has diverged.
