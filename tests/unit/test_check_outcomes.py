@@ -83,7 +83,7 @@ def test_protected_without_graph_says_the_graph_was_not_checked(graph, why):
 #: The fix a site only a self-test found buggy names: a pin of its newest row (the code in place is not the
 #: one a verified release runs).
 PIN = "Fix: pin a release docs/support.md lists: `pip install 'lightning-fabric>=2.1.0,<2.6.7'`."
-BUGGY_HEAD = "UNPROTECTED: 1 installed affected site(s) run the buggy code: "
+BUGGY_HEAD = "UNPROTECTED: 1 of 1 installed affected site(s) run the buggy code: "
 
 
 def test_unprotected_names_the_disabled_site_and_why():
@@ -101,6 +101,15 @@ def test_unprotected_when_the_self_test_sees_the_buggy_order_on_a_patched_site()
     assert out.reason == (BUGGY_HEAD + "%s: the event-order self-test saw the gradients reduced before the "
                           "backward (reduce_gradients(no grads) > forward > backward > step > mark_step). %s"
                           % (FABRIC, PIN))
+
+
+def test_a_site_only_the_graph_interpreter_holds_is_counted_apart_from_the_installed_ones():
+    """The graph check runs in another interpreter (torch_xla installed there): a buggy site it traced beyond the
+    training interpreter's installed sites is counted as traced, so UNPROTECTED counts as PROTECTED does."""
+    out = check_outcome(payload(record(FABRIC, "disabled", reason="TPU_CLOSURE_FIX=0")), events_of(),
+                        graph_of({GUARD: graph_site(0, False, False)}))
+    assert out.reason.startswith("UNPROTECTED: 1 of 1 installed affected site(s) and 1 site(s) a self-test traced "
+                                 "run the buggy code: "), out.reason
 
 
 def test_unprotected_when_the_graph_holds_no_all_reduce():
@@ -288,7 +297,7 @@ def test_an_import_failure_does_not_hide_a_site_that_runs_the_buggy_order():
     given = payload(record(XLA_SITE, "failed", BROKEN_XLA), record(FABRIC, "disabled", "TPU_CLOSURE_FIX=0"))
     out = check_outcome(given, events_of(event_site(FABRIC, "disabled", BUGGY_ORDER, ok=False)), None)
     assert (out.name, out.exit_code) == ("unprotected", 1)
-    assert out.reason.startswith(BUGGY_HEAD + "%s (disabled" % FABRIC)
+    assert out.reason.startswith(BUGGY_HEAD.replace("1 of 1", "1 of 2") + "%s (disabled" % FABRIC)
 
 
 def test_a_failure_of_the_shim_stays_unprotected_twin():

@@ -61,7 +61,7 @@ RULES = {
         payload(record("not installed"), uncovered=UNCOVERED), 6),
     4: (payload(record("patched"), **NO_HOOK), None, "unprotected", "UNPROTECTED: the start-up hook does not run in "
         "/venv/bin/python", payload(record("fixed upstream"), **NO_HOOK), 9),
-    5: (payload(record("skipped", reason="unknown release 9.9")), None, "unprotected", "UNPROTECTED: 1 installed "
+    5: (payload(record("skipped", reason="unknown release 9.9")), None, "unprotected", "UNPROTECTED: 1 of 1 installed "
         "affected site(s) run the buggy code: %s:%s (skipped: unknown release 9.9)" % FABRIC,
         payload(record("guarded")), 9),
     6: (payload(record("patched"), uncovered=UNCOVERED), None, "could not verify", "COULD NOT VERIFY: /x/a.py:3 "

@@ -69,8 +69,8 @@ def decide(evidence, tests=None):
     #    imported runs no code at all: rule 7).
     buggy = buggy_findings(sites, tests)
     if buggy:
-        return _outcome(UNPROTECTED, 5, "UNPROTECTED: %d installed affected site(s) run the buggy code: %s. Fix: "
-                                        "%s." % (len(buggy), _first_then_names(buggy), _fix_of(buggy[0], sites)))
+        return _outcome(UNPROTECTED, 5, "UNPROTECTED: %s run the buggy code: %s. Fix: %s." % (
+            buggy_count(buggy, sites), _first_then_names(buggy), _fix_of(buggy[0], sites)))
     # 6. An installed framework holds an XLA optimizer step no row covers (or the search failed): no verdict.
     if uncovered:
         return _outcome(NOT_VERIFIED, 6, "COULD NOT VERIFY: " + uncovered)
@@ -153,6 +153,19 @@ def _hook_phrase(active):
 
 
 # --------------------------------------------------------------------------- rule 5: the buggy code
+def buggy_count(buggy, sites):
+    """How many sites run the buggy code, counted as PROTECTED counts them (the installed sites of the interpreter
+    that trains) plus those only a self-test traced (the graph check's interpreter): ``1 of 4 installed affected
+    site(s) and 1 site(s) a self-test traced``."""
+    installed = set(_records.site_name(r) for r in sites)
+    here = [name for name, _ in buggy if name in installed]
+    traced = len(buggy) - len(here)
+    parts = ["%d of %d installed affected site(s)" % (len(here), len(sites))] if here else []
+    if traced:
+        parts.append("%d site(s) a self-test traced" % traced)
+    return " and ".join(parts)
+
+
 def buggy_findings(sites, tests=None):
     """``[(site, finding)]``, each site once: the installed sites that run the buggy code (their records) and
     the buggy orders a self-test saw. A site whose module cannot be imported runs no code (not here); a site
