@@ -150,7 +150,8 @@ def test_script_names_the_directory_wherever_status_runs_from(tmp_path):
 
 def test_script_must_name_a_file(tmp_path):
     proc = tool("status", "--script", str(tmp_path / "missing.py"), cwd=str(tmp_path))
-    assert proc.returncode == 2 and "is not a file (give the training script, e.g. --script train.py)" in proc.stderr
+    said = " ".join(proc.stderr.split())  # wrapped to the terminal's width where the path is long
+    assert proc.returncode == 2 and "is not a file (give the training script, e.g. --script train.py)" in said, said
 
 
 # --------------------------------------------------------------------------- a scan that fails

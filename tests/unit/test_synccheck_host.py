@@ -201,7 +201,7 @@ class _Recorded(object):
     """A worker that records what it is given (never started as a thread)."""
 
     def __init__(self, group=None):
-        self.group, self.jobs, self.pid = group, [], os.getpid()
+        self.group, self.jobs, self.pid, self.stopping = group, [], os.getpid(), False
         self.thread = types.SimpleNamespace(is_alive=lambda: False)
 
     def start(self):
