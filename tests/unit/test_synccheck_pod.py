@@ -119,7 +119,11 @@ def test_raise_stops_every_rank_at_the_same_optimizer_step(tmp_path):
     assert raised_at[0] == raised_at[1], raised_at
     said = [m for m in runs[0].messages if "Every rank raises ReplicaDivergenceError at its optimizer step %s."
             % raised_at[0] in m]
+    # no collective keeps these ranks in step: on a loaded machine rank 0 may run far enough ahead for its stream's
+    # quota of checks rank 1 has not reached to stand it down (said once) before the raise is known
+    others = [m for m in runs[0].messages if m not in said]
     assert len(said) == 1 and runs[1].messages == [], runs[0].messages
+    assert all("stands down" in m and "not reached by every rank" in m for m in others) and len(others) <= 1, others
 
 
 @needs_step_hooks

@@ -43,6 +43,24 @@ def _raised_at(run):
     return int(found.group(1)) if found else None
 
 
+def _raised_by_the_job(runs, *said):
+    """Every rank ended with status 3, in time; the ranks that raised ReplicaDivergenceError name ``said`` and
+    raised at the one step they agreed on. A rank stalled past that step when it learned it raises one step
+    later (docs/synccheck.md), so its peer may meet the closed connection of the rank that raised first: at least
+    one rank raised."""
+    raised = [run for run in runs if (run.failure or "").startswith("ReplicaDivergenceError: SyncCheck: ")]
+    for run in runs:
+        assert run.returncode == 3 and not run.timed_out, run.describe()
+        assert run in raised or "Connection closed by peer" in (run.failure or ""), run.describe()
+    assert raised, [run.describe() for run in runs]
+    for run in raised:
+        assert all(text in run.failure for text in said), run.failure
+        assert run.result["steps"] < 5000
+    if len(raised) == len(runs):
+        assert len(set(_raised_at(run) for run in runs)) == 1
+    return raised
+
+
 # --------------------------------------------------------------------------- every decision per tensor
 @needs_step_hooks
 def test_a_rank_local_scale_is_set_aside_alone_and_a_later_divergence_beside_it_is_raised(tmp_path):
@@ -50,11 +68,8 @@ def test_a_rank_local_scale_is_set_aside_alone_and_a_later_divergence_beside_it_
     notes = [m for m in runs[0].messages if "set aside" in m]
     assert len(notes) == 1 and notes[0].startswith("SyncCheck: 1 parameter tensor differs before the first update "
                                                    "('scale')"), runs[0].messages
-    for run in runs:
-        assert run.returncode == 3 and run.failure.startswith("ReplicaDivergenceError: SyncCheck: "), run.describe()
-        assert "'2.weight'" in run.failure and "between step 30 (identical) and step 40" in run.failure
-        assert run.result["steps"] < 5000
-    assert _raised_at(runs[0]) == _raised_at(runs[1]) > 40
+    raised = _raised_by_the_job(runs, "'2.weight'", "between step 30 (identical) and step 40")
+    assert all(_raised_at(run) > 40 for run in raised)
 
 
 @needs_step_hooks
@@ -62,9 +77,8 @@ def test_twin_without_the_rank_local_scale_the_same_change_is_raised_and_nothing
     runs = ranks.run_ranks("local-scale", 2, tmp_path, env=dict(RAISE, **{SYNC: "10"}),
                            args=["--steps", "5000", "--variant", "twin"])
     assert not [m for m in runs[0].messages if "set aside" in m], runs[0].messages
-    for run in runs:
-        assert run.returncode == 3 and "between step 30 (identical) and step 40" in run.failure, run.describe()
-    assert _raised_at(runs[0]) == _raised_at(runs[1]) > 40
+    raised = _raised_by_the_job(runs, "'2.weight'", "between step 30 (identical) and step 40")
+    assert all(_raised_at(run) > 40 for run in raised)
 
 
 @needs_step_hooks
@@ -72,11 +86,9 @@ def test_an_optimizer_built_afresh_each_epoch_inherits_what_its_tensors_were_see
     """Rank 1 stops reducing at step 45, the last step of epoch 3: the next epoch's new optimizer finds the
     difference at its first check (its step 0), a divergence, raised on both ranks."""
     runs = ranks.run_ranks("epochs", 2, tmp_path, env=dict(RAISE, **{SYNC: "10"}), args=["--steps", "5000"])
-    for run in runs:
-        assert run.returncode == 3, run.describe()
-        assert run.failure.startswith("ReplicaDivergenceError: SyncCheck: data-parallel replicas hold different "
-                                      "parameters at step 0, the first check"), run.failure
-        assert run.result["steps"] < 5000
+    raised = _raised_by_the_job(runs, "data-parallel replicas hold different parameters at step 0, the first check "
+                                      "of this optimizer: tensors seen bitwise equal at an earlier check")
+    assert all("started different" not in run.failure and "Build the model" not in run.failure for run in raised)
     assert not [m for m in runs[0].messages if "could not compare" in m or "set aside" in m], runs[0].messages
 
 

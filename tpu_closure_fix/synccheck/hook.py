@@ -454,6 +454,8 @@ def _check_off_thread(optimizer, stream, step, channel):
             return
         # the words say why this stream is over its quota: checks some rank has not reached, or too many to exchange
         stream.stood_down = worker.refusal_reason(job, _armed["every"], SYNC_CHECK_VAR)
+        if _raising(stream):
+            return  # the agreed raise (known meanwhile) is this stream's report
         _say_once(("behind", stream.key), "tpu-closure-fix: the zero-code sync check stands down for %s at step "
                   "%d: %s. Training goes on." % (name, step, stream.stood_down), where)
 
