@@ -56,17 +56,17 @@ def ours(result):
 
 
 @pytest.mark.parametrize("api", APIS)
-def test_without_the_shim_rank_0_warns_at_steps_1_and_10_at_the_user_line(api, tmp_path):
+def test_without_the_shim_rank_0_warns_at_step_1_at_the_user_line_once(api, tmp_path):
     results = run(api, False, tmp_path)
     for rank, result in results.items():
         assert not result["shim"] and result["steps"] == STEPS and result["error"] is None, result
         warned = ours(result)
         if rank != 0:  # the same verdict, logged at debug level: one warning for the job
             assert warned == [], warned
-        else:
-            assert len(warned) == 2, warned
-            for step, warning in zip((1, EVERY), warned):
-                assert warning["category"] == "TPUClosureFixWarning"
+        else:  # the check at step EVERY finds the same tensors different on the same ranks: not said again
+            assert len(warned) == 1, warned
+            for step, warning in zip((1,), warned):
+                assert warning["category"] == "WARNING"  # a record of the check's logger
                 assert "step %d" % step in warning["message"] and "across 2 replicas" in warning["message"], warning
                 assert "rank 0 holds one version; rank 1 holds another" in warning["message"], warning
                 # the location is the script's line that stepped, not torch's / the framework's / the shim's

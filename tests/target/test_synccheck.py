@@ -15,9 +15,9 @@ after each step, at step 1 and every N steps.
 * One device: nothing to compare, no check runs.
 """
 import os
+import re
 import subprocess
 import sys
-import warnings
 
 import pytest
 from packaging.version import Version
@@ -121,26 +121,28 @@ def test_does_nothing_on_a_single_device(tmp_path):
 
 # --------------------------------------------------------------------------- in-process
 def test_report_message_warn_and_raise():
+    from support.said import fresh, spoken
     from tpu_closure_fix import synccheck
-    from tpu_closure_fix.config import TPUClosureFixWarning
     from tpu_closure_fix.synccheck.report import act
 
+    fresh()
     report = synccheck.SyncReport(300, 8, "xla", ["a.weight", "b.bias"], [0.5, 0.0], [1e-2, 0.0], 1e-6,
                                   outcome="differ", differing=[0], versions=[[0, 1, 2, 3, 4, 5, 6], [7]])
     assert report.diverged and report.worst_parameter == "a.weight" and report.diverged_count == 1
-    with pytest.warns(TPUClosureFixWarning, match=r"step 300.*ranks 0-6 hold one version; rank 7 holds another.*"
-                                                 r"'a\.weight'.*0\.01"):
+    with spoken() as seen:
         act(report, "warn")
-    with warnings.catch_warnings():  # rank 0 speaks for the job; the others log at debug level
-        warnings.simplefilter("error")
+    assert len(seen) == 1 and re.search(r"step 300.*ranks 0-6 hold one version; rank 7 holds another.*"
+                                        r"'a\.weight'.*0\.01", seen[0].message), seen
+    with spoken() as seen:  # rank 0 speaks for the job; the others log at debug level
         act(report, "warn", rank=3)
+    assert seen == []
     with pytest.raises(synccheck.ReplicaDivergenceError, match="step 300") as info:
         act(report, "raise", rank=3)
     assert info.value.report is report
     ok = synccheck.SyncReport(300, 8, "xla", ["a.weight"], [0.0], [0.0], 1e-6)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with spoken() as seen:
         act(ok, "raise")
+    assert seen == [] and ok.in_sync
 
 
 def test_single_process_is_a_no_op():
@@ -193,7 +195,6 @@ def test_callback_is_a_lightning_callback_made_lazily():
 # --------------------------------------------------------------------------- the framework's DDP: a declared layout
 FRAMEWORK_DDP = {"pytorch-lightning==1.8.6": "trainer-ddp", "lightning-fabric==2.6.6": "fabric-ddp"}.get(TARGET)
 TWIN = {"trainer-ddp": "single", "fabric-ddp": "bare"}.get(FRAMEWORK_DDP)
-APART = "replicas that started different, or tensors that are not replicas by design"
 
 
 def run_framework_ddp(tmp_path, variant=""):
@@ -215,11 +216,14 @@ def test_under_the_frameworks_ddp_replicas_that_started_different_are_raised_on_
 
 
 @defined_where(FRAMEWORK_DDP)
-def test_twin_without_ddp_the_same_start_is_noted_once_never_raised(tmp_path):
+def test_without_ddp_the_explicit_call_declares_the_replicas_started_different_is_raised_too(tmp_path):
+    """No DDP around the model (one device per process): calling the check (``check_sync`` / the ``SyncCheck``
+    callback) is the user's declaration that the parameters are replicas, so a rank that starts different is raised
+    as under DDP (never set aside as a pipeline stage would be by the zero-code check)."""
     runs = run_framework_ddp(tmp_path, TWIN)
     ranks.assert_all_ok(runs)
     for run in runs:
-        assert "raised" not in run.result, run.describe()
+        assert run.result.get("raised") is True, run.describe()
         report = run.reports[0]
-        assert (report["step"], report["outcome"], report["rule"]) == (0, "unverified", "apart"), report
-    assert len(runs[0].messages) == 1 and APART in runs[0].messages[0] and runs[1].messages == []
+        assert (report["step"], report["outcome"], report["in_sync"]) == (0, "differ", False), report
+        assert report["set_aside"] == [] and report["versions"] == [[0], [1]]
