@@ -70,7 +70,7 @@ EXIT_QUIET = 2.0
 EXIT_WAIT = 2.0
 #: Seconds of training, at each rank's own pace, between the ranks' agreement on where to raise and that step:
 #: long enough for every rank to learn the agreed step before it gets there.
-RAISE_LEAD = 1.0
+RAISE_LEAD = 0.2
 #: First and longest pause between two polls of the store while checks are pending: each poll takes the
 #: interpreter lock from the training thread, so the worker polls no more often than that.
 FIRST_POLL = 0.002
