@@ -207,13 +207,10 @@ def probe_first(ctx):
         ctx.result["probe_stood_down"] = hook._counts[id(probe_optimizer)][0].stood_down
 
 
-def last_step(ctx):
-    """(b'') 20 steps, a check every 10 (armed by the test); ``--variant diverge``: rank 1 alone applies a
-    different last update at step 20. Then a barrier and the job's end: ``destroy_process_group`` (the
-    default), or with ``--variant exit`` none, the interpreter exiting normally (its exit hooks run);
-    ``slow``: rank 1 ends 1 s later (saving a checkpoint)."""
+def _twenty_steps(ctx):
+    """20 steps of a small model with the gradients all-reduced; with ``diverge`` in the variant rank 1 alone applies
+    a different update at the last step (step 20)."""
     import torch
-    import torch.distributed as dist
 
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 8)
@@ -226,6 +223,16 @@ def last_step(ctx):
         if step == 20 and ctx.rank == 1 and "diverge" in ctx.variant:
             model.weight.grad[0, 0] += 1.0
         optimizer.step()
+
+
+def last_step(ctx):
+    """(b'') 20 steps, a check every 10 (armed by the test); ``--variant diverge``: rank 1 alone applies a
+    different last update at step 20. Then a barrier and the job's end: ``destroy_process_group`` (the
+    default), or with ``--variant exit`` none, the interpreter exiting normally (its exit hooks run);
+    ``slow``: rank 1 ends 1 s later (saving a checkpoint)."""
+    import torch.distributed as dist
+
+    _twenty_steps(ctx)
     dist.barrier()
     if "slow" in ctx.variant and ctx.rank == 1:
         time.sleep(1)
@@ -966,20 +973,9 @@ def sigterm(ctx):
     ended: no result is written, only stderr and the exit status tell."""
     import signal
 
-    import torch
     import torch.distributed as dist
 
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 8)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.ones(4, 8)
-    for step in range(1, 21):
-        optimizer.zero_grad()
-        model(x).sum().backward()
-        all_reduce_grads(list(model.parameters()), ctx.world)
-        if step == 20 and ctx.rank == 1 and "diverge" in ctx.variant:
-            model.weight.grad[0, 0] += 1.0
-        optimizer.step()
+    _twenty_steps(ctx)
     dist.barrier()
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(60)  # ended by the signal before this returns
