@@ -839,8 +839,10 @@ def local_scale(ctx):
 
 
 def epochs(ctx):
-    """(x) An optimizer built afresh at each epoch of 15 steps over the same model; from step 45 on, rank 1 no
-    longer all-reduces its gradients (``--variant twin``: it does). Armed by the test (every 10, raise)."""
+    """(x) An optimizer built afresh at each epoch of 200 steps over the same model; from step 200 (the last of the
+    first epoch) on, rank 1 no longer all-reduces its gradients (``--variant twin``: it does). Armed by the test
+    (every 1000, raise): the next epoch's optimizer finds the difference at its first check, and its step where the
+    ranks agree to raise falls within its epoch."""
     import torch
 
     model = make_model(0)
@@ -848,9 +850,9 @@ def epochs(ctx):
     state = {"optimizer": None}
 
     def body(step):
-        if step % 15 == 1:
+        if step % 200 == 1:
             state["optimizer"] = torch.optim.SGD(model.parameters(), lr=0.05)
-        reduce = ctx.variant == "twin" or ctx.rank == 0 or step < 45
+        reduce = ctx.variant == "twin" or ctx.rank == 0 or step < 200
         x, y = batch(ctx.rank, step)
         optimizer = state["optimizer"]
         optimizer.zero_grad()

@@ -83,9 +83,9 @@ def test_twin_without_the_rank_local_scale_the_same_change_is_raised_and_nothing
 
 @needs_step_hooks
 def test_an_optimizer_built_afresh_each_epoch_inherits_what_its_tensors_were_seen_as(tmp_path):
-    """Rank 1 stops reducing at step 45, the last step of epoch 3: the next epoch's new optimizer finds the
-    difference at its first check (its step 0), a divergence, raised on both ranks."""
-    runs = ranks.run_ranks("epochs", 2, tmp_path, env=dict(RAISE, **{SYNC: "10"}), args=["--steps", "5000"])
+    """Rank 1 stops reducing at step 200, the last step of the first epoch: the next epoch's new optimizer finds
+    the difference at its first check (its step 0), a divergence, raised."""
+    runs = ranks.run_ranks("epochs", 2, tmp_path, env=dict(RAISE, **{SYNC: "1000"}), args=["--steps", "5000"])
     raised = _raised_by_the_job(runs, "data-parallel replicas hold different parameters at step 0, the first check "
                                       "of this optimizer: tensors seen bitwise equal at an earlier check")
     assert all("started different" not in run.failure and "Build the model" not in run.failure for run in raised)
@@ -94,10 +94,11 @@ def test_an_optimizer_built_afresh_each_epoch_inherits_what_its_tensors_were_see
 
 @needs_step_hooks
 def test_twin_every_epoch_reduced_runs_to_the_end_in_silence(tmp_path):
-    runs = ranks.run_ranks("epochs", 2, tmp_path, env=dict(RAISE, **{SYNC: "10"}),
-                           args=["--steps", "90", "--variant", "twin"])
+    runs = ranks.run_ranks("epochs", 2, tmp_path, env=dict(RAISE, **{SYNC: "1000"}),
+                           args=["--steps", "450", "--variant", "twin"])
     ranks.assert_all_ok(runs)
-    assert [run.result["steps"] for run in runs] == [90, 90] and runs[0].messages == []
+    assert [run.result["steps"] for run in runs] == [450, 450] and runs[0].messages == []
+    assert [run.hook["checks"] for run in runs] == [6, 6]  # steps 0 and 1 of each of the 3 optimizers
 
 
 @needs_step_hooks
