@@ -11,23 +11,16 @@ import argparse
 
 
 def rank_main(rank, world, port, variant):
+    import types
+
     import torch
     import torch.distributed as dist
 
+    from support.pod_scenarios import _twenty_steps
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 8)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.ones(4, 8)
-    for step in range(1, 21):
-        optimizer.zero_grad()
-        model(x).sum().backward()
-        for p in model.parameters():
-            dist.all_reduce(p.grad)
-        if step == 20 and rank == 1 and variant == "diverge":
-            model.weight.grad[0, 0] += 1.0
-        optimizer.step()
+    _twenty_steps(types.SimpleNamespace(rank=rank, world=world, variant=variant))
     # the function returns: multiprocessing ends the child with os._exit
 
 
