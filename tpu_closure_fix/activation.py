@@ -8,13 +8,11 @@ zero-code SyncCheck when ``TPU_CLOSURE_FIX_SYNC_CHECK`` asks for it, asks ``TPU_
 the engine.
 """
 import logging
-import os
 import sys
 import warnings
 
-from . import engine
-from .config import (ENV_VAR, LOG_VAR, SYNC_CHECK_VAR, TPUClosureFixWarning, enabled_from_environment,
-                     log_level_from_environment, show_value)
+from . import engine, settings
+from .config import ENV_VAR, LOG_VAR, SYNC_CHECK_VAR, TPUClosureFixWarning, show_value
 
 #: The name of the one stderr handler :func:`configure_logging` puts on the package's logger.
 HANDLER_NAME = "tpu_closure_fix.stderr"
@@ -24,19 +22,20 @@ def activate():
     """Enable the shim unless TPU_CLOSURE_FIX says otherwise. Returns whether it is on."""
     configure_logging()
     arm_sync_check()
-    if not enabled_from_environment():
-        raw = os.environ.get(ENV_VAR, "")
-        engine.set_disabled_reason("%s=%s" % (ENV_VAR, show_value(raw)))
+    switches = settings.current()
+    if not switches.get(ENV_VAR):
+        engine.set_disabled_reason("%s=%s" % (ENV_VAR, show_value(switches.raw[ENV_VAR] or "")))
         return False
     return engine.enable()
 
 
 def arm_sync_check():
     """Arm the zero-code SyncCheck when its variable is set, whatever TPU_CLOSURE_FIX says (with the fix off,
-    the check is exactly what shows the bug). Unset: nothing is imported. Never raises."""
-    if not os.environ.get(SYNC_CHECK_VAR):
-        return
+    the check is exactly what shows the bug). Unset or 0: nothing of it is imported; a bad value is said, and
+    nothing armed. Never raises."""
     try:
+        if not settings.current().get(SYNC_CHECK_VAR):
+            return
         from .synccheck import hook
 
         hook.arm_from_environment()
@@ -81,7 +80,7 @@ def configure_logging(environ=None, logger=None):
     warning): nothing changes. Returns the level applied, or None. Never raises.
     """
     try:
-        level = log_level_from_environment(environ)
+        level = settings.of(environ).get(LOG_VAR)
         if level is None:
             return None
         logger = logger if logger is not None else logging.getLogger("tpu_closure_fix")

@@ -1,17 +1,14 @@
-"""The switches: the ``TPU_CLOSURE_FIX`` environment variable, and two finer ones.
+"""The switches' names and how a bad value of one is worded and warned about.
 
-Every activation mode (import, .pth/.start auto-enable, entry points,
-sitecustomize, ``tpu-closure-fix run``) asks :func:`enabled_from_environment`,
-so the variable means the same thing everywhere.
+The variables (``TPU_CLOSURE_FIX``, ``TPU_CLOSURE_FIX_LOG``, ``TPU_CLOSURE_FIX_DISABLE`` and the sync check's),
+their parse rules and defaults are one table in :mod:`.settings`, read once; every activation mode (import,
+.pth/.start auto-enable, entry points, sitecustomize, ``tpu-closure-fix run``) asks it, so each variable means the
+same thing everywhere.
 
-* ``TPU_CLOSURE_FIX_LOG=debug|info|warning|error``: the level of the ``tpu_closure_fix`` logger, with one
-  handler writing to stderr (:func:`log_level_from_environment`, applied by ``activation.activate()``).
-* ``TPU_CLOSURE_FIX_DISABLE=accelerate,optimum_neuron``: integrations whose sites are left alone
-  (:func:`disabled_from_environment`, read by ``engine.enable()``; their sites are ``disabled``).
-
-A bad value of any of them gives one :class:`TPUClosureFixWarning` naming the variable, the value, the
-accepted values, what applies instead (the default) and a next step, in lines of at most 120 columns
-(:func:`bad_value_message`), and is then ignored.
+A bad value of any of them gives one message naming the variable, the value, the accepted values, what applies
+instead (the default) and a next step, in lines of at most 120 columns (:func:`bad_value_message`), and is then
+ignored: a :class:`TPUClosureFixWarning` at the user's importing line (:func:`warn_about`), or, for the sync
+check's variables, a report on its logger.
 """
 import importlib
 import logging
@@ -26,6 +23,12 @@ SYNC_CHECK_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK"
 LOG_VAR = "TPU_CLOSURE_FIX_LOG"
 #: Comma-separated integrations to leave alone (``accelerate,optimum_neuron``); unset or empty: none.
 DISABLE_VAR = "TPU_CLOSURE_FIX_DISABLE"
+#: The zero-code SyncCheck's finer settings: what a divergence does, over which ranks the tensors no layout
+#: places are compared, the agreement's timeout, the port of the check's own store (``settings.TABLE``).
+ON_DIVERGENCE_VAR = SYNC_CHECK_VAR + "_ON_DIVERGENCE"
+GROUP_VAR = SYNC_CHECK_VAR + "_GROUP"
+TIMEOUT_VAR = SYNC_CHECK_VAR + "_TIMEOUT"
+PORT_VAR = SYNC_CHECK_VAR + "_PORT"
 ON_VALUES = frozenset(("1", "true", "on", "yes"))
 OFF_VALUES = frozenset(("0", "false", "off", "no"))
 #: ``TPU_CLOSURE_FIX_LOG``'s accepted values, in the order messages list them, with their ``logging`` levels.
@@ -36,8 +39,6 @@ LOG_LEVELS = (("debug", logging.DEBUG), ("info", logging.INFO), ("warning", logg
 class TPUClosureFixWarning(UserWarning):
     """Something a user of tpu-closure-fix must know: a site left unpatched, a bad setting, a late enable."""
 
-
-_warned_values = set()
 
 #: How much of a bad value a message quotes: enough to recognise it, never the whole of a huge value.
 QUOTE_LIMIT = 40
@@ -90,46 +91,7 @@ def bad_value_message(variable, raw, accepted, instead, next_step, complaint="is
     return "\n".join(lines)
 
 
-def parse_switch(raw):
-    """Return (enabled, problem) for a raw value of TPU_CLOSURE_FIX.
-
-    Unset or empty means enabled; ASCII whitespace around the value and ASCII case are ignored, nothing else
-    (the same under every locale). ``problem`` is a message naming the variable
-    and the accepted values when the value is not one of them (then the default,
-    enabled, applies); otherwise None.
-    """
-    if raw is None:
-        return True, None
-    value = raw.strip(ASCII_WHITESPACE)
-    value = value.lower() if value.isascii() else None  # a non-ASCII value is never an accepted word
-    if value == "" or value in ON_VALUES:
-        return True, None
-    if value in OFF_VALUES:
-        return False, None
-    return True, bad_value_message(
-        ENV_VAR, raw, "1/true/on/yes (enable, the default) or 0/false/off/no (disable), any case",
-        "Using the default: enabled.",
-        "`unset %s` (enabled), or `export %s=0` (disabled)" % (ENV_VAR, ENV_VAR))
-
-
-def enabled_from_environment(environ=None):
-    """Read TPU_CLOSURE_FIX; warn once per distinct bad value."""
-    raw = (os.environ if environ is None else environ).get(ENV_VAR)
-    enabled, problem = parse_switch(raw)
-    if problem is not None and raw not in _warned_values:
-        _warned_values.add(raw)
-        _warn_about(ENV_VAR, raw, problem)
-    return enabled
-
-
-def _warn_once(variable, raw, problem):
-    """One warning per variable and distinct bad value."""
-    if problem is not None and (variable, raw) not in _warned_values:
-        _warned_values.add((variable, raw))
-        _warn_about(variable, raw, problem)
-
-
-def _warn_about(variable, raw, problem):
+def warn_about(variable, raw, problem):
     """Warn of the bad value ``raw`` of ``variable``: at the user's line that imported the shim, or, where the
     program importing it is tpu-closure-fix's own command line (:func:`_cli_start`), at the environment, which
     is where the value was set (the command's own source line is nothing a user wrote)."""
@@ -196,81 +158,3 @@ def user_location():
         frame = frame.f_back
     frame = frame or first
     return frame.f_code.co_filename, frame.f_lineno
-
-
-def _word(raw):
-    """``raw`` without ASCII whitespace around it, in lower case; None for a non-ASCII value (never a word)."""
-    value = raw.strip(ASCII_WHITESPACE)
-    return value.lower() if value.isascii() else None
-
-
-def parse_log_level(raw):
-    """Return (level, problem) for a raw value of TPU_CLOSURE_FIX_LOG.
-
-    Unset or empty: (None, None), the logging configuration is left as it is. ``debug``, ``info``,
-    ``warning``, ``error``, ASCII whitespace around the value and ASCII case ignored: that ``logging``
-    level. Anything else: (None, a message naming the variable and the accepted values).
-    """
-    if raw is None:
-        return None, None
-    value = _word(raw)
-    if value == "":
-        return None, None
-    levels = dict(LOG_LEVELS)
-    if value in levels:
-        return levels[value], None
-    return None, bad_value_message(
-        LOG_VAR, raw, "%s, any case" % "/".join(name for name, _ in LOG_LEVELS),
-        "Ignored: the logging configuration is left as it is.",
-        "`export %s=info`, or `unset %s`" % (LOG_VAR, LOG_VAR))
-
-
-def log_level_from_environment(environ=None):
-    """Read TPU_CLOSURE_FIX_LOG: a ``logging`` level or None; warn once per distinct bad value."""
-    raw = (os.environ if environ is None else environ).get(LOG_VAR)
-    level, problem = parse_log_level(raw)
-    _warn_once(LOG_VAR, raw, problem)
-    return level
-
-
-def integration_name(word):
-    """An integration's name as the code spells it (``optimum_neuron``) from a user's word: ASCII whitespace
-    around it and ASCII case ignored, the distribution spelling's ``-`` read as ``_``; None for a non-ASCII word."""
-    value = _word(word)
-    return value.replace("-", "_") if value is not None else None
-
-
-def parse_disable(raw, names):
-    """Return (disabled, problem) for a raw value of TPU_CLOSURE_FIX_DISABLE.
-
-    ``names``: the integrations the code knows (``integrations.NAMES``). ``disabled`` is the frozenset of
-    those the comma-separated value names (:func:`integration_name`; empty items are ignored); ``problem``
-    a message naming every other item and the accepted names (the known ones still apply), or None.
-    """
-    if raw is None:
-        return frozenset(), None
-    disabled, unknown = set(), []
-    for item in raw.split(","):
-        name = integration_name(item)
-        if name == "":
-            continue
-        if name in names:
-            disabled.add(name)
-        else:
-            unknown.append(quote_value(item.strip(ASCII_WHITESPACE)))
-    if not unknown:
-        return frozenset(disabled), None
-    kept = ",".join(name for name in names if name in disabled)
-    return frozenset(disabled), bad_value_message(
-        DISABLE_VAR, raw, "%s (also with '-' for '_'), any case, comma-separated" % ", ".join(names),
-        "Unknown names are ignored; disabled: %s." % (", ".join(sorted(disabled)) or "nothing"),
-        "`export %s=%s` (the names it knows)" % (DISABLE_VAR, kept) if kept else "`unset %s`" % DISABLE_VAR,
-        complaint="names no integration %s" % ", ".join(unknown))
-
-
-def disabled_from_environment(names, environ=None):
-    """Read TPU_CLOSURE_FIX_DISABLE: the frozenset of ``names`` it names; warn once per distinct bad value."""
-    raw = (os.environ if environ is None else environ).get(DISABLE_VAR)
-    disabled, problem = parse_disable(raw, names)
-    _warn_once(DISABLE_VAR, raw, problem)
-    return disabled

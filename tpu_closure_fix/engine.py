@@ -38,8 +38,9 @@ import warnings
 from collections import namedtuple
 
 from . import integrations as _integrations
+from . import settings
 from . import sites as _sites
-from .config import DISABLE_VAR, TPUClosureFixWarning, disabled_from_environment
+from .config import DISABLE_VAR, TPUClosureFixWarning
 from .fixes import FixUnavailable
 from .releases import in_range, loaded_release
 
@@ -645,9 +646,8 @@ def enable():
 
 
 def _integrations_switched_off():
-    """{integration: reason} of the integrations TPU_CLOSURE_FIX_DISABLE names (read at every enable())."""
-    return {name: "%s names %s" % (DISABLE_VAR, name)
-            for name in disabled_from_environment(_integrations.NAMES)}
+    """{integration: reason} of the integrations TPU_CLOSURE_FIX_DISABLE names (the settings read once)."""
+    return {name: "%s names %s" % (DISABLE_VAR, name) for name in settings.current().get(DISABLE_VAR)}
 
 
 def reconcile():

@@ -333,7 +333,7 @@ def _exec_failure_status(exc):
 
 def sync_check_environment(args):
     """The zero-code SyncCheck's variables for the command, from ``--sync-check`` / ``--sync-check-on-divergence``."""
-    from .synccheck.hook import ON_DIVERGENCE_VAR, SYNC_CHECK_VAR
+    from .config import ON_DIVERGENCE_VAR, SYNC_CHECK_VAR
 
     env = {}
     if args.sync_check is not None:
@@ -347,7 +347,7 @@ def _sync_check_steps(raw):
     """argparse type of ``--sync-check``: the values TPU_CLOSURE_FIX_SYNC_CHECK accepts."""
     import argparse
 
-    from .synccheck.hook import parse_every
+    from .settings import parse_every
 
     every, problem = parse_every(raw)
     if problem or not raw.strip():

@@ -55,9 +55,11 @@ def said(level=logging.DEBUG):
 
 def fresh():
     """Forget the reports said once per process (a run before this test may have said them)."""
+    from tpu_closure_fix import settings
     from tpu_closure_fix.synccheck import report
 
     report._said_once.clear()
+    settings._said.clear()
 
 
 class Spoken(object):

@@ -60,9 +60,9 @@ def _model():
 
 
 # --------------------------------------------------------------------------- a stream's history
-def _report(step, outcome):
+def _report(step, outcome, stream):
     return report.SyncReport(step, 2, "mirror", ["w"], outcome=outcome,
-                             differing=[0] if outcome == "differ" else ())
+                             differing=[0] if outcome == "differ" else (), **stream.history(step))
 
 
 def test_a_stream_reads_each_report_against_what_it_saw_before():
@@ -70,7 +70,7 @@ def test_a_stream_reads_each_report_against_what_it_saw_before():
     seen = []
     for step, outcome in [(0, "identical"), (3, "differ"), (5, "differ"), (6, "unverified"), (7, "identical"),
                           (9, "structure")]:
-        r = _report(step, outcome)
+        r = _report(step, outcome, stream)  # built complete: read against the history before it
         stream.record(r)
         seen.append((r.step, r.first_check, r.identical_at, r.different_since))
     assert seen == [(0, True, None, None), (3, False, 0, 3), (5, False, 0, 3), (6, False, 0, None),
@@ -375,3 +375,69 @@ def test_some_names_lists_three_then_counts_the_rest():
     layout = types.SimpleNamespace(names=["a", "b", "c", "d", "e"])
     assert compare._some_names(layout, [0, 1]) == "#0 'a', #1 'b'"
     assert compare._some_names(layout, [0, 1, 2, 3, 4]) == "#0 'a', #1 'b', #2 'c', and 2 more"
+
+
+# --------------------------------------------------------------------------- a report is built complete
+def _named_stream():
+    stream = compare.Stream(_key(), label="SGD over fc.weight, fc.bias (in Net)")
+    stream.module_paths = ({"w": "fc.weight", "b": "fc.bias"}, {"Net"})
+    return stream
+
+
+def test_a_report_is_built_named_and_read_against_its_history():
+    """What a report says is in it when it is made: the stream's label, the module paths of a difference, its
+    place in the history. Nothing sets a field of it later."""
+    streams = [_named_stream(), _named_stream()]
+    for stream in streams:
+        stream.key = "named"
+    identical, _ = on_ranks(2, lambda r: _model(), steps=[1, 1], streams=streams)
+    assert (identical[0].stream, identical[0].names, identical[0].first_check) == (streams[0].label, ["w", "b"],
+                                                                                    True)
+    differ, _ = on_ranks(2, lambda r: [("w", torch.ones(3) * (r + 1)), ("b", torch.zeros(2))], steps=[4, 4],
+                         streams=streams)
+    assert differ[0].outcome == "differ" and differ[0].names == ["fc.weight", "fc.bias"]
+    assert (differ[0].stream, differ[0].first_check, differ[0].identical_at, differ[0].different_since) == (
+        streams[0].label, False, 1, 4)
+
+
+def test_twin_without_a_stream_the_report_names_the_listed_tensors():
+    from tpu_closure_fix.synccheck import groups
+
+    layout = groups.Layout(_model(), 0)
+    vector = fingerprint.local_vector(layout.entries, layout.structures, torch.device("cpu"), step=1)
+    r = compare.decide(fingerprint.decode(vector), layout, None, Mirror(), 1, 0.0)
+    assert (r.stream, r.names, r.first_check) == (None, ["w", "b"], False)
+
+
+def test_a_module_path_two_tensors_share_keeps_their_positions_everywhere_in_the_report():
+    stream = _named_stream()
+    stream.module_paths = ({"param_groups[0][0]": "weight", "param_groups[0][1]": "weight"}, set())
+    names, left_out, aside, label = stream.naming(
+        "differ", ["param_groups[0][0]", "param_groups[0][1]"], [("param_groups[0][1]", "set aside")],
+        ["param_groups[0][1]"])
+    assert names == ["weight (param_groups[0][0])", "weight (param_groups[0][1])"]
+    assert left_out == [("weight (param_groups[0][1])", "set aside")] and aside == ["weight (param_groups[0][1])"]
+
+
+# --------------------------------------------------------------------------- the schedule, written once
+@pytest.mark.parametrize("every", [1, 2, 3, 5, 10])
+def test_the_schedule_is_step_1_then_each_multiple_of_every(every):
+    assert [s for s in range(0, 31) if compare.due(s, every)] == sorted({0, 1} | set(range(every, 31, every)))
+
+
+@pytest.mark.parametrize("every", [2, 3, 5])
+def test_steps_seen_with_gaps_check_at_the_first_step_past_each_multiple(every):
+    """A caller that sees every other step (two optimizers per batch in Lightning's global step): one check per
+    multiple of ``every`` passed, at the first step seen past it."""
+    last, checked = 0, []
+    for step in range(1, 40, 2):
+        if compare.due(step, every, last):
+            last = step
+            checked.append(step)
+    expected = [1] + [min(s for s in range(1, 40, 2) if s >= m) for m in range(every, 40, every)
+                      if any(s >= m for s in range(3, 40, 2))]
+    assert checked == sorted(set(expected))
+
+
+def test_twin_without_the_last_step_a_gap_passes_a_multiple_unchecked():
+    assert [s for s in range(1, 12, 2) if compare.due(s, 4)] == [1]

@@ -7,7 +7,7 @@ import warnings
 import pytest
 
 from support.switch_warnings import assert_bad_value_lines
-from tpu_closure_fix import config, sites
+from tpu_closure_fix import config, settings, sites
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -22,28 +22,28 @@ def load_startup():
 
 @pytest.mark.parametrize("raw", [None, "", "1", "true", "TRUE", "On", "yes", " YES ", "True"])
 def test_enabling_values(raw):
-    assert config.parse_switch(raw) == (True, None)
+    assert settings.parse_switch(raw) == (True, None)
 
 
 @pytest.mark.parametrize("raw", ["0", "false", "FALSE", "off", "Off", "no", "NO", " 0 "])
 def test_disabling_values(raw):
-    assert config.parse_switch(raw) == (False, None)
+    assert settings.parse_switch(raw) == (False, None)
 
 
 @pytest.mark.parametrize("raw", ["2", "maybe", "disable", "enabled", "-1", "0.0", "nope"])
 def test_other_values_default_on_with_a_message(raw):
-    enabled, problem = config.parse_switch(raw)
+    enabled, problem = settings.parse_switch(raw)
     assert enabled is True
     assert "TPU_CLOSURE_FIX=%r" % raw in problem
     assert "1/true/on/yes" in problem and "0/false/off/no" in problem
 
 
-def test_bad_value_warns_once():
-    config._warned_values.discard("bogus")
+def test_bad_value_warns_once(monkeypatch):
+    monkeypatch.setattr(settings, "_said", set())
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        assert config.enabled_from_environment({"TPU_CLOSURE_FIX": "bogus"}) is True
-        assert config.enabled_from_environment({"TPU_CLOSURE_FIX": "bogus"}) is True
+        assert settings.of({"TPU_CLOSURE_FIX": "bogus"}).get(config.ENV_VAR) is True
+        assert settings.of({"TPU_CLOSURE_FIX": "bogus"}).get(config.ENV_VAR) is True
     assert [w.category for w in seen] == [config.TPUClosureFixWarning]
 
 
@@ -101,7 +101,7 @@ def test_release_of_a_package_still_initializing_comes_only_from_its_own_distrib
 def test_only_ascii_whitespace_and_case_are_ignored(raw):
     """The same under every locale: a C locale decodes U+2003 to surrogates, which str.strip() keeps, while
     a UTF-8 one strips U+2003 itself; so neither is stripped (the value is bad: warned about, enabled)."""
-    enabled, problem = config.parse_switch(raw)
+    enabled, problem = settings.parse_switch(raw)
     assert enabled is True and problem is not None
     assert "TPU_CLOSURE_FIX=%s is not an accepted value" % config.quote_value(raw) in problem  # escaped, one piece
     assert_bad_value_lines(problem)
@@ -109,14 +109,14 @@ def test_only_ascii_whitespace_and_case_are_ignored(raw):
 
 @pytest.mark.parametrize("raw", ["off\n", "\t0 ", "\x0bNO\x0c", "\r\noff"])
 def test_ascii_whitespace_is_ignored(raw):
-    assert config.parse_switch(raw) == (False, None)
+    assert settings.parse_switch(raw) == (False, None)
 
 
 @pytest.mark.parametrize("raw", ["0\u2003", "off\n", "\u20030", "0\udce2\udc80\udc83", " 0 ", "\uff2f\uff26\uff26"])
 def test_startup_module_parses_like_the_package(raw, monkeypatch):
     startup = load_startup()
     monkeypatch.setenv("TPU_CLOSURE_FIX", raw)
-    assert startup._disabled_by_environment() is (config.parse_switch(raw)[0] is False)
+    assert startup._disabled_by_environment() is (settings.parse_switch(raw)[0] is False)
 
 
 @pytest.mark.parametrize("raw,shown", [("0", "0"), ("off", "off"), ("off\n", "'off\\n'"),
@@ -131,9 +131,7 @@ def test_values_are_shown_ascii_escaped_on_one_line(raw, shown):
 def test_sync_check_variable_parses_the_same_under_every_locale(raw, every, bad, monkeypatch):
     """TPU_CLOSURE_FIX_SYNC_CHECK: only ASCII whitespace is ignored, in the package and the start-up module:
     a Unicode space is a bad value, not 'unset', whatever the locale decodes it to."""
-    from tpu_closure_fix.synccheck import hook as synchook
-
-    parsed, problem = synchook.parse_every(raw)
+    parsed, problem = settings.parse_every(raw)
     assert (parsed, problem is not None) == (every, bad)
     startup = load_startup()
     monkeypatch.setenv("TPU_CLOSURE_FIX", "0")

@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 from support.engine_world import World, world  # noqa: F401 (a fixture)
-from tpu_closure_fix import engine, sites
+from tpu_closure_fix import engine, settings, sites
 from tpu_closure_fix.config import TPUClosureFixWarning
 
 
@@ -236,6 +236,7 @@ def test_the_integrations_named_by_the_variable_are_read_at_enable(world, monkey
     w = world()
     w.table(w.row("Base.step"))
     monkeypatch.setenv("TPU_CLOSURE_FIX_DISABLE", "accelerate")
+    settings.reload()
     engine.enable()
     assert engine._state.switched_off == {"accelerate": "TPU_CLOSURE_FIX_DISABLE names accelerate"}
     assert sites.CALL_SITES[0].integration == "accelerate"

@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 from support.engine_world import BUGGY, FIXED, GUARD, RecordingFix, World, world  # noqa: F401 (a fixture)
-from tpu_closure_fix import engine, identity, sites
+from tpu_closure_fix import engine, identity, settings, sites
 from tpu_closure_fix.config import TPUClosureFixWarning
 from tpu_closure_fix.shape import Shape
 
@@ -583,6 +583,7 @@ def test_rule_14_only_skipped_failed_or_disabled_sites_are_guarded(world):
 def test_rule_14_a_disabled_integration_reaching_the_guard(world):
     w, g, site, xm = _guarded_world(world, site_shape=BUGGY)
     w.monkeypatch.setenv("TPU_CLOSURE_FIX_DISABLE", "accelerate")
+    settings.reload()
     engine.enable()
     assert w.examine("Base.step") == engine.Finding(
         engine.GUARDED, "TPU_CLOSURE_FIX_DISABLE names accelerate; its call goes through the patched guardint guard",
@@ -648,6 +649,7 @@ def test_a_switched_off_integrations_skipped_site_is_not_warned_about(world):
     w = world()
     w.table(w.row("Plain.step"))
     w.monkeypatch.setenv("TPU_CLOSURE_FIX_DISABLE", "accelerate")
+    settings.reload()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         engine.enable()
@@ -854,6 +856,7 @@ def test_the_engine_log(world, caplog):
     w = world()
     (row, disabled) = w.table(w.row("Base.step"), w.row("Plain.step", integration="optimum_neuron"))
     w.monkeypatch.setenv("TPU_CLOSURE_FIX_DISABLE", "optimum_neuron")
+    settings.reload()
     with caplog.at_level(logging.DEBUG, logger="tpu_closure_fix"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         engine.enable()
@@ -871,6 +874,7 @@ def test_the_engine_log(world, caplog):
     with caplog.at_level(logging.DEBUG, logger="tpu_closure_fix"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         w.monkeypatch.delenv("TPU_CLOSURE_FIX_DISABLE")
+        settings.reload()
         engine.enable()
     assert caplog.records[0].getMessage() == "tpu-closure-fix: enabled; watching 1 module(s); integrations " \
                                              "switched off: none"
@@ -949,6 +953,7 @@ def test_the_log_names_every_integration_switched_off(world, caplog):
     w = world()
     w.table(w.row("Base.step"))
     w.monkeypatch.setenv("TPU_CLOSURE_FIX_DISABLE", "optimum_neuron,accelerate")
+    settings.reload()
     with caplog.at_level(logging.DEBUG, logger="tpu_closure_fix"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         engine.enable()

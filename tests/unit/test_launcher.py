@@ -396,11 +396,11 @@ HUGE = "x" * 120000
 
 
 def test_huge_switch_value_is_quoted_short_twin():
-    from tpu_closure_fix import config
+    from tpu_closure_fix import config, settings
 
-    _, short = config.parse_switch("maybe")
+    _, short = settings.parse_switch("maybe")
     assert "TPU_CLOSURE_FIX='maybe'" in short  # a short value is quoted whole
-    _, problem = config.parse_switch(HUGE)
+    _, problem = settings.parse_switch(HUGE)
     assert len(problem) < 400
     assert "'%s'" % HUGE[:config.QUOTE_LIMIT] in problem and "120000 characters" in problem
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tpu_closure_fix import config
+from tpu_closure_fix import config, settings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "..", "startup"))
@@ -41,7 +41,7 @@ VALUES = st.one_of(ENV_TEXT, _case_and_space(None), st.just(""), st.none())
 def test_switch_any_value(raw):
     import _tpu_closure_fix_startup as startup
 
-    enabled, problem = config.parse_switch(raw)
+    enabled, problem = settings.parse_switch(raw)
     # the documented rule: ASCII whitespace around the value and ASCII case ignored, nothing else
     norm = None if raw is None else raw.strip(config.ASCII_WHITESPACE)
     norm = norm.lower() if norm is not None and norm.isascii() else norm

@@ -15,39 +15,38 @@ import warnings
 import pytest
 
 from support.switch_warnings import assert_bad_value_lines, too_wide
-from tpu_closure_fix import config, integrations
-from tpu_closure_fix.synccheck import comm
-from tpu_closure_fix.synccheck import hook as synchook
+from tpu_closure_fix import config, integrations, settings
+from tpu_closure_fix.config import GROUP_VAR, ON_DIVERGENCE_VAR, PORT_VAR, TIMEOUT_VAR
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _disable(raw):
-    return config.parse_disable(raw, integrations.NAMES)
+    return settings.parse_disable(raw, integrations.NAMES)
 
 
 def _port(raw):
-    return comm.parse_port(raw, None)
+    return settings.parse_port(raw, None)
 
 
 #: variable -> (its parser, what else the child's environment needs for the variable to be read, a bad value,
 #: a command the next step must name)
 VARIABLES = {
-    config.ENV_VAR: (config.parse_switch, {}, "maybe", "`export TPU_CLOSURE_FIX=0`"),
-    config.LOG_VAR: (config.parse_log_level, {}, "loud", "`unset TPU_CLOSURE_FIX_LOG`"),
+    config.ENV_VAR: (settings.parse_switch, {}, "maybe", "`export TPU_CLOSURE_FIX=0`"),
+    config.LOG_VAR: (settings.parse_log_level, {}, "loud", "`unset TPU_CLOSURE_FIX_LOG`"),
     config.DISABLE_VAR: (_disable, {}, "accelerate,bogus", "`export TPU_CLOSURE_FIX_DISABLE=accelerate`"),
-    config.SYNC_CHECK_VAR: (synchook.parse_every, {}, "often", "`unset TPU_CLOSURE_FIX_SYNC_CHECK`"),
-    synchook.ON_DIVERGENCE_VAR: (synchook.parse_action, {config.SYNC_CHECK_VAR: "5"}, "stop",
-                                 "`export TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE=raise`"),
-    synchook.GROUP_VAR: (synchook.parse_group, {config.SYNC_CHECK_VAR: "5"}, "all",
-                         "`export TPU_CLOSURE_FIX_SYNC_CHECK_GROUP=world`"),
-    comm.TIMEOUT_VAR: (comm.parse_timeout, {config.SYNC_CHECK_VAR: "5"}, "soon",
-                       "`unset TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`"),
-    comm.PORT_VAR: (_port, {config.SYNC_CHECK_VAR: "5"}, "any", "`unset TPU_CLOSURE_FIX_SYNC_CHECK_PORT`"),
+    config.SYNC_CHECK_VAR: (settings.parse_every, {}, "often", "`unset TPU_CLOSURE_FIX_SYNC_CHECK`"),
+    ON_DIVERGENCE_VAR: (settings.parse_action, {config.SYNC_CHECK_VAR: "5"}, "stop",
+                        "`export TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE=raise`"),
+    GROUP_VAR: (settings.parse_group, {config.SYNC_CHECK_VAR: "5"}, "all",
+                "`export TPU_CLOSURE_FIX_SYNC_CHECK_GROUP=world`"),
+    TIMEOUT_VAR: (settings.parse_timeout, {config.SYNC_CHECK_VAR: "5"}, "soon",
+                  "`unset TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`"),
+    PORT_VAR: (_port, {config.SYNC_CHECK_VAR: "5"}, "any", "`unset TPU_CLOSURE_FIX_SYNC_CHECK_PORT`"),
 }
 #: The sync check's variables: their bad values go out on its logger, which no warnings filter mutes (a bad
 #: ``..._ON_DIVERGENCE`` under ``-W ignore`` would silently leave ``warn``); the others are warnings.
-ON_THE_LOGGER = (config.SYNC_CHECK_VAR, synchook.ON_DIVERGENCE_VAR, synchook.GROUP_VAR, comm.TIMEOUT_VAR, comm.PORT_VAR)
+ON_THE_LOGGER = (config.SYNC_CHECK_VAR, ON_DIVERGENCE_VAR, GROUP_VAR, TIMEOUT_VAR, PORT_VAR)
 #: Bad values of every kind a message quotes: a word, a huge value, one with spaces (wrapped at them), one of
 #: escaped non-ASCII characters (10 columns each, no space: cut), a line break.
 WIDE_VALUES = ["x" * 120000, "a rather long value " * 8, "\U0001f600" * 60, "-1\n", "0\u2003"]

@@ -21,7 +21,7 @@ import pytest
 
 from support.switch_warnings import assert_bad_value_lines
 from support.xla_model_source import xla_model_source
-from tpu_closure_fix import activation, config, engine, fixes, integrations, report, sites
+from tpu_closure_fix import activation, config, engine, fixes, integrations, report, settings, sites
 from tpu_closure_fix.shape import Shape
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,13 +32,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
                                        ("Warning", logging.WARNING), ("\tERROR ", logging.ERROR),
                                        (None, None), ("", None), (" \t", None)])
 def test_log_levels(raw, level):
-    assert config.parse_log_level(raw) == (level, None)
+    assert settings.parse_log_level(raw) == (level, None)
 
 
 @pytest.mark.parametrize("raw", ["verbose", "warn", "10", "critical", "debug,info", "debug\u2003",
                                  "\uff24\uff25\uff22\uff35\uff27", "x" * 100])
 def test_a_bad_log_level_names_the_variable_the_value_and_the_accepted_values(raw):
-    level, problem = config.parse_log_level(raw)
+    level, problem = settings.parse_log_level(raw)
     assert level is None
     assert problem.split("\n")[1].startswith(
         "    TPU_CLOSURE_FIX_LOG=%s is not an accepted value" % config.quote_value(raw))
@@ -58,7 +58,7 @@ def test_a_bad_log_level_names_the_variable_the_value_and_the_accepted_values(ra
     ("", set()), (" , ", set()), (None, set()),
 ])
 def test_disable_names_integrations_as_the_code_knows_them(raw, named):
-    assert config.parse_disable(raw, integrations.NAMES) == (frozenset(named), None)
+    assert settings.parse_disable(raw, integrations.NAMES) == (frozenset(named), None)
 
 
 @pytest.mark.parametrize("raw,named,unknown", [
@@ -71,7 +71,7 @@ def test_disable_names_integrations_as_the_code_knows_them(raw, named):
     ("\uff41ccelerate,lightning", {"lightning"}, ["'\\uff41ccelerate'"]),
 ])
 def test_an_unknown_name_is_named_with_the_accepted_names_and_the_known_ones_apply(raw, named, unknown):
-    disabled, problem = config.parse_disable(raw, integrations.NAMES)
+    disabled, problem = settings.parse_disable(raw, integrations.NAMES)
     assert disabled == frozenset(named)
     assert problem.split("\n")[1].startswith("    TPU_CLOSURE_FIX_DISABLE=%s names no integration %s;"
                                              % (config.quote_value(raw), ", ".join(unknown)))
@@ -83,12 +83,11 @@ def test_an_unknown_name_is_named_with_the_accepted_names_and_the_known_ones_app
 
 
 @pytest.mark.parametrize("variable,read,bad", [
-    ("TPU_CLOSURE_FIX_LOG", config.log_level_from_environment, "loud"),
-    ("TPU_CLOSURE_FIX_DISABLE", lambda environ: config.disabled_from_environment(integrations.NAMES, environ),
-     "bogus"),
+    ("TPU_CLOSURE_FIX_LOG", lambda environ: settings.of(environ).get(config.LOG_VAR), "loud"),
+    ("TPU_CLOSURE_FIX_DISABLE", lambda environ: settings.of(environ).get(config.DISABLE_VAR), "bogus"),
 ])
 def test_a_bad_value_warns_once_per_distinct_value(variable, read, bad, monkeypatch):
-    monkeypatch.setattr(config, "_warned_values", set())
+    monkeypatch.setattr(settings, "_said", set())
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for raw in (bad, bad, bad + "2", bad + "2", "", None):
@@ -139,7 +138,7 @@ def test_unset_the_log_hook_changes_nothing(logger, environ):
 
 
 def test_a_bad_log_level_changes_nothing_and_warns(logger, monkeypatch):
-    monkeypatch.setattr(config, "_warned_values", set())
+    monkeypatch.setattr(settings, "_said", set())
     logger.setLevel(logging.WARNING)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -261,7 +260,7 @@ class Table(object):
         self.monkeypatch = monkeypatch
         monkeypatch.setattr(engine, "_state", engine._State())
         monkeypatch.setattr(engine, "_arm_for_reload", lambda name: None)  # no wrapt hook left for these names
-        monkeypatch.setattr(config, "_warned_values", set())
+        monkeypatch.setattr(settings, "_said", set())
         xm = self._xla_model() if guard else types.SimpleNamespace(optimizer_step=lambda *args, **kwargs: None)
         rows, self.keys = [], {}
         if guard:
@@ -301,6 +300,7 @@ class Table(object):
             self.monkeypatch.delenv("TPU_CLOSURE_FIX_DISABLE", raising=False)
         else:
             self.monkeypatch.setenv("TPU_CLOSURE_FIX_DISABLE", disable)
+        settings.reload()
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             assert engine.enable() is True
@@ -362,11 +362,17 @@ def test_an_unknown_name_warns_once_and_the_known_ones_still_apply(table):
     assert t.enable("accelerate, bogus") == []  # enable() again: the same value, no second warning
 
 
-def test_the_variable_is_read_at_every_enable(table):
+def test_enable_uses_the_settings_read_once_and_a_reload_reads_the_variable_again(table):
     t = table(["accelerate", "optimum_neuron"])
     t.enable("accelerate")
     engine.disable()
-    t.enable(None)  # switched on again without the variable: accelerate is patched now
+    t.monkeypatch.delenv("TPU_CLOSURE_FIX_DISABLE")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert engine.enable() is True  # the environment changed; the settings, read once, did not
+    assert t.verdict("accelerate") == (engine.DISABLED, "TPU_CLOSURE_FIX_DISABLE names accelerate")
+    engine.disable()
+    t.enable(None)  # read again without the variable: accelerate is patched now
     assert t.verdict("accelerate") == t.verdict("optimum_neuron") == (engine.PATCHED, "")
     engine.disable()
     t.enable("optimum-neuron")
@@ -378,6 +384,7 @@ def test_the_global_switch_still_wins(table):
     """TPU_CLOSURE_FIX=0 (the shim never enabled): every site says so, whatever TPU_CLOSURE_FIX_DISABLE names."""
     t = table(["accelerate", "optimum_neuron"])
     t.monkeypatch.setenv("TPU_CLOSURE_FIX_DISABLE", "accelerate")
+    settings.reload()
     engine.set_disabled_reason("TPU_CLOSURE_FIX=0")
     assert t.verdict("accelerate") == t.verdict("optimum_neuron") == (engine.DISABLED, "TPU_CLOSURE_FIX=0")
 

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: n
 
 import torch.distributed  # noqa: E402,F401  (the real one: no process group in this process)
 
+from tpu_closure_fix import settings  # noqa: E402
 from tpu_closure_fix.synccheck import comm, compare, worker  # noqa: E402
 from tpu_closure_fix.synccheck import hook as synchook  # noqa: E402
 
@@ -148,7 +149,7 @@ def test_a_bad_port_is_warned_once_when_armed(monkeypatch):
     from support.said import fresh, spoken
 
     fresh()
-    monkeypatch.setattr(comm, "_said_ports", set())
+    monkeypatch.setattr(settings, "_said", set())
     monkeypatch.setattr(synchook, "arm", lambda *args: None)
     environ = {"TPU_CLOSURE_FIX_SYNC_CHECK": "3", comm.PORT_VAR: "http"}
     with spoken() as seen:
@@ -263,6 +264,7 @@ def test_a_port_in_use_stands_the_check_down_once_naming_where_and_what_to_set(m
         taken.listen(1)
         port = taken.getsockname()[1]
         monkeypatch.setenv(comm.PORT_VAR, str(port))
+        settings.reload()
         monkeypatch.delenv("MASTER_ADDR", raising=False)
         with pytest.raises(comm.StoodDown) as first:
             comm.host_store(True, "CPU", timeout=5)
@@ -323,6 +325,7 @@ def test_a_store_not_there_is_said_with_its_causes_and_the_variables(monkeypatch
     monkeypatch.setattr(comm, "_host", {"server": None, "clients": {}, "failed": None})
     port = ports.free_port()
     monkeypatch.setenv(comm.PORT_VAR, str(port))
+    settings.reload()
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     with pytest.raises(comm.StoodDown) as missing:
         comm.host_store(False, "CPU", timeout=1)

@@ -88,3 +88,38 @@ def test_in_a_fresh_interpreter_with_pythonwarnings_ignore_a_report_is_on_stderr
     proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True,
                           timeout=120, cwd=REPO)
     assert proc.returncode == 0 and proc.stderr.count("t.py:1: SyncCheck: a report") == 1, proc.stderr
+
+
+def _modules_saying(words):
+    """The package's modules whose code holds ``words`` (a message written there)."""
+    found = []
+    package = os.path.join(REPO, "tpu_closure_fix")
+    for root, _, files in os.walk(package):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(root, name), encoding="utf-8") as handle:
+                    if words in handle.read():
+                        found.append(os.path.relpath(os.path.join(root, name), package))
+    return found
+
+
+@pytest.mark.parametrize("words", ["sync check stands down for", "Every rank raises ReplicaDivergenceError at"])
+def test_each_message_of_the_zero_code_check_is_written_once_in_the_report_module(words):
+    assert _modules_saying(words) == [os.path.join("synccheck", "report.py")]
+
+
+def test_twin_a_message_written_in_many_modules_is_found():
+    assert _modules_saying("def say(message") == [os.path.join("synccheck", "report.py")]
+    assert _modules_saying("import ") != [os.path.join("synccheck", "report.py")]
+
+
+def test_a_stand_down_is_said_once_per_key_naming_the_optimizer_and_the_step():
+    from support.said import fresh, said
+
+    fresh()
+    with said() as heard:
+        for _ in range(2):
+            report.stood_down("SGD over fc.weight", 7, "a peer gone", ("stood down", "key-1"))
+        report.stood_down("SGD over fc.weight", 9, "a peer gone", ("stood down", "key-2"))
+    assert heard.spoken == ["tpu-closure-fix: the zero-code sync check stands down for SGD over fc.weight at step %d: "
+                            "a peer gone. Training goes on." % step for step in (7, 9)]

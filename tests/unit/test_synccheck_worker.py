@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: n
 dist = pytest.importorskip("torch.distributed")
 
 from support.thread_ranks import ThreadChannel, ThreadWorld  # noqa: E402
+from tpu_closure_fix import settings  # noqa: E402
 from tpu_closure_fix.synccheck import compare, worker  # noqa: E402
 
 
@@ -390,6 +391,7 @@ def test_at_the_end_a_check_no_other_rank_will_reach_is_given_up_once_nothing_mo
     monkeypatch.setattr(worker, "EXIT_DRAIN", 30)
     monkeypatch.setitem(worker._state, "ending", False)
     monkeypatch.setenv("TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT", "600")
+    settings.reload()
     assert alone.submit(outcome.job(StoreChannel(world, 0, store, 600), compare.Stream("P"), _models()["P"], 1, 1))
     started = time.monotonic()
     worker.finish()

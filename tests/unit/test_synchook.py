@@ -6,6 +6,7 @@ start-up path runs in fresh ``python -S`` interpreters (as tests/unit/test_start
 2-process gloo run shows the whole path: divergent replicas are reported by rank 0 at steps 1 and 10
 (identical at step 0, before the first update), reduced ones are not.
 """
+import copy
 import gc
 import importlib
 import json
@@ -25,7 +26,7 @@ if not hasattr(importlib.import_module("torch.optim.optimizer"), "register_optim
 from support import ports  # noqa: E402  (after the skip: needs torch)
 from support.said import fresh, spoken  # noqa: E402
 from test_startup import standin  # noqa: E402,F401  (the fixture: a folder with an empty torch_xla package)
-from tpu_closure_fix import config, synccheck  # noqa: E402  (after the skip: needs torch)
+from tpu_closure_fix import config, settings, synccheck  # noqa: E402  (after the skip: needs torch)
 from tpu_closure_fix.synccheck import comm, compare, groups  # noqa: E402
 from tpu_closure_fix.synccheck import hook as synchook  # noqa: E402
 
@@ -76,21 +77,32 @@ def verdict(monkeypatch):
     def set_verdict(fn, rank=0):
         channel = Channel(rank)
         monkeypatch.setattr(comm, "channel", lambda timeout=None: channel)
-        monkeypatch.setattr(compare, "run", lambda obj, n, stream, **kwargs: fn(n))
+        monkeypatch.setattr(compare, "run", lambda obj, n, stream, **kwargs: _named_by(stream, fn(n)))
     return set_verdict
+
+
+def _named_by(stream, report):
+    """A stand-in's ``report`` as ``compare.run`` builds it: named as ``stream`` names it (its label, module
+    paths: :meth:`compare.Stream.naming`)."""
+    if report is None:
+        return None
+    named = copy.copy(report)
+    named.names, named.not_compared, named.set_aside, named.stream = stream.naming(
+        report.outcome, report.names, report.not_compared, report.set_aside)
+    return named
 
 
 # --------------------------------------------------------------------------- parsing
 @pytest.mark.parametrize("raw, every", [(None, 0), ("", 0), ("0", 0), (" 10 ", 10), ("1", 1), ("007", 7),
                                         ("999999999999", 999999999999)])
 def test_accepted_step_counts(raw, every):
-    assert synchook.parse_every(raw) == (every, None)
+    assert settings.parse_every(raw) == (every, None)
 
 
 @pytest.mark.parametrize("raw", ["-1", "+5", "1.5", "ten", "10 steps", "\u0661\u0660", "\uff11\uff10",
                                  "9" * 13, "1e3"])
 def test_refused_step_counts_name_the_accepted_values(raw):
-    every, problem = synchook.parse_every(raw)
+    every, problem = settings.parse_every(raw)
     assert every == 0
     flat = " ".join(problem.split())  # wrapped at 120 columns
     assert flat.startswith("TPU_CLOSURE_FIX_SYNC_CHECK=") and "ASCII digits" in flat and "off" in flat
@@ -99,23 +111,23 @@ def test_refused_step_counts_name_the_accepted_values(raw):
 
 @pytest.mark.parametrize("raw, action", [(None, "warn"), ("", "warn"), ("warn", "warn"), (" RAISE ", "raise")])
 def test_accepted_actions(raw, action):
-    assert synchook.parse_action(raw) == (action, None)
+    assert settings.parse_action(raw) == (action, None)
 
 
 @pytest.mark.parametrize("raw", ["stop", "warn!", "r\u0430ise", "1"])  # \u0430: a Cyrillic a
 def test_refused_actions_fall_back_to_warn(raw):
-    action, problem = synchook.parse_action(raw)
+    action, problem = settings.parse_action(raw)
     assert action == "warn" and "accepted: warn (the default) or raise" in " ".join(problem.split())
 
 
 @pytest.mark.parametrize("raw, group", [(None, "auto"), ("", "auto"), (" World ", "world"), ("AUTO", "auto")])
 def test_accepted_groups(raw, group):
-    assert synchook.parse_group(raw) == (group, None)
+    assert settings.parse_group(raw) == (group, None)
 
 
 @pytest.mark.parametrize("raw", ["all", "0,1", "w\u043erld", "1"])  # \u043e: a Cyrillic o
 def test_refused_groups_fall_back_to_auto(raw):
-    group, problem = synchook.parse_group(raw)
+    group, problem = settings.parse_group(raw)
     flat = " ".join(problem.split())  # wrapped at 120 columns
     assert group == "auto" and flat.startswith("TPU_CLOSURE_FIX_SYNC_CHECK_GROUP=")
     assert "accepted: auto (the default: decided at each optimizer's first check) or world" in flat

@@ -22,8 +22,9 @@ def child_main(facts):
 
     hook = fresh.startup_hook(facts)
     if not leaves_shim_off(facts, hook):
-        from .. import activation
+        from .. import activation, settings
 
+        settings.reload()  # the held-back import read the switches held back; the environment is restored now
         activation.activate()  # what the start-up module's import of tpu_closure_fix does at a watched import
     child.emit(build(facts, hook))
 
@@ -32,7 +33,7 @@ def leaves_shim_off(facts, hook):
     """True when a script started in the interpreter of ``facts`` never gets the shim although it is not switched
     off (``hook``: :func:`.verify.fresh.startup_hook`'s answer, inactive): no site is patched there. Switched off,
     the sites say ``disabled`` with the switch's value, as everywhere."""
-    from ..config import parse_switch
+    from ..settings import parse_switch
 
     return hook[0] is False and parse_switch(facts.get("switch"))[0]
 

@@ -7,7 +7,7 @@ trainer's loggers (``sync_check/diverged``, ``sync_check/differing_tensors``, ``
 An instance used for a second ``fit`` starts afresh.
 """
 from . import comm, groups
-from .compare import DEFAULT_EVERY, DEFAULT_TOLERANCE, Stream, check_options, run
+from .compare import DEFAULT_EVERY, DEFAULT_TOLERANCE, Stream, check_options, due, run
 from .report import SyncReport, act
 
 _classes = {}
@@ -62,7 +62,7 @@ class SyncCheck(object):
         """A fresh history: at construction and at the start of every ``fit``."""
         self.reports = []
         self._stream = Stream("callback/%d" % self._fits, getattr(self, "replicas", groups.AUTO))
-        self._last_bucket = 0
+        self._last_due = 0  # the step of the schedule's last check (0: none yet)
         self._last_checked_step = None
 
     @property
@@ -82,13 +82,13 @@ class SyncCheck(object):
         channel = comm.channel()
         if channel is None or self._stream.stood_down:
             return
+        self._stream.label = _label(pl_module)  # the reports name it, built complete
         try:
             report = run(pl_module, step, self._stream, tolerance=self.tolerance, channel=channel)
         except comm.StoodDown as exc:
             self._stream.stood_down = str(exc)
             report = SyncReport(step, channel.size, channel.kind, [], tolerance=self.tolerance,
-                                outcome="unverified", reason=str(exc))
-        report.stream = report.stream or _label(pl_module)
+                                outcome="unverified", reason=str(exc), stream=self._stream.label)
         self.reports.append(report)
         _log_metrics(trainer, report, step)
         act(report, self.on_divergence, rank=channel.rank, stream=self._stream)
@@ -97,9 +97,9 @@ class SyncCheck(object):
         step = int(trainer.global_step)
         if step < 1:
             return
-        bucket = step // self.every
-        if step != self._last_checked_step and (step == 1 or bucket > self._last_bucket):  # step 1, then every N
-            self._last_bucket = bucket
+        # a global step may pass a multiple of every (several optimizers per batch): the first step past it is due
+        if step != self._last_checked_step and due(step, self.every, self._last_due):
+            self._last_due = step
             self._check(trainer, pl_module, step)
 
     def on_train_end(self, trainer, pl_module):

@@ -31,15 +31,12 @@ import os
 import sys
 import threading
 
-#: Seconds a rank waits for the others to reach the same check (or for the check's collective) before
-#: it stands down; ``TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`` overrides it. Long enough for the first check
-#: of a job, whose first step on XLA includes compiling the training graph.
-DEFAULT_TIMEOUT = 300
-TIMEOUT_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT"
+from .. import settings
+from ..config import PORT_VAR, TIMEOUT_VAR
+# the agreement's default timeout and the port rule: settings.TABLE's
+from ..settings import DEFAULT_TIMEOUT, parse_port
+
 KEY_PREFIX = "tpu_closure_fix/synccheck/"
-PORT_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK_PORT"
-#: torch_xla's ``xla://`` rendezvous port when ``MASTER_PORT`` is unset; the check's store takes the next one.
-DEFAULT_MASTER_PORT = 12355
 
 _groups = {}  # (scope, user, rank) -> the check's own gloo group
 _made = {}  # (user, rank) -> the check's groups made for it in this process: each its own prefix of the store
@@ -79,60 +76,15 @@ class StoodDown(RuntimeError):
         self.broken = broken
 
 
-def parse_timeout(raw):
-    """(seconds, problem) for a raw value of TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT (unset/empty: the default)."""
-    from ..config import ASCII_WHITESPACE, bad_value_message
-
-    value = "" if raw is None else raw.strip(ASCII_WHITESPACE)
-    if value == "":
-        return DEFAULT_TIMEOUT, None
-    if len(value) <= 7 and value.isascii() and value.isdigit() and int(value) > 0:
-        return int(value), None
-    return DEFAULT_TIMEOUT, bad_value_message(
-        TIMEOUT_VAR, raw, "a whole number of seconds > 0 (ASCII digits, e.g. 600), or unset (%d)" % DEFAULT_TIMEOUT,
-        "Using %d." % DEFAULT_TIMEOUT, "`unset %s` (%d s), or `export %s=600`" % (TIMEOUT_VAR, DEFAULT_TIMEOUT,
-                                                                                  TIMEOUT_VAR))
-
-
-def parse_port(raw, master_port=None):
-    """(port, problem) of the check's own store: ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT`` (``raw``) when it is a
-    port number, else ``MASTER_PORT`` + 1 (``master_port``: its raw value; unset or not a port: torch_xla's
-    default 12355, so 12356). ``problem``: the message for a bad ``raw``."""
-    from ..config import ASCII_WHITESPACE, bad_value_message
-
-    fallback = _port_number(master_port)
-    fallback = (fallback if fallback is not None and fallback < 65535 else DEFAULT_MASTER_PORT) + 1
-    value = "" if raw is None else raw.strip(ASCII_WHITESPACE)
-    if value == "":
-        return fallback, None
-    port = _port_number(value)
-    if port is not None:
-        return port, None
-    return fallback, bad_value_message(
-        PORT_VAR, raw, "a TCP port number 1-65535 (ASCII digits, e.g. 12356), or unset (MASTER_PORT + 1)",
-        "Using %d." % fallback, "`unset %s` (port %d), or `export %s=12356`" % (PORT_VAR, fallback, PORT_VAR))
-
-
-def _port_number(raw):
-    value = (raw or "").strip()
-    if 0 < len(value) <= 5 and value.isascii() and value.isdigit() and 0 < int(value) <= 65535:
-        return int(value)
-    return None
-
-
-_said_ports = set()
-
-
 def store_port(environ=None):
-    """The port of the check's own store from the environment; a bad value is said once per process."""
-    from .report import say
-
+    """The port of the check's own store: ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT`` as the settings hold it (a bad
+    value said once), else ``MASTER_PORT`` + 1 as the environment holds it now (``environ``: a mapping read
+    instead of both)."""
+    chosen = settings.of(environ).get(PORT_VAR)
+    if chosen is not None:
+        return chosen
     environ = os.environ if environ is None else environ
-    port, problem = parse_port(environ.get(PORT_VAR), environ.get("MASTER_PORT"))
-    if problem and problem not in _said_ports:
-        _said_ports.add(problem)
-        say(problem)
-    return port
+    return parse_port(None, environ.get("MASTER_PORT"))[0]
 
 
 def store_host(environ=None, device_type=None, discover=None):
@@ -253,7 +205,7 @@ def channel(timeout=None):
 
 def _timeout(timeout):
     if timeout is None:
-        timeout, _ = parse_timeout(os.environ.get(TIMEOUT_VAR))
+        timeout = settings.current().get(TIMEOUT_VAR)
     return timeout
 
 

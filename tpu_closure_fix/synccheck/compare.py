@@ -45,6 +45,8 @@ class Stream(object):
         self.raise_settled = False
         #: what the stream's latest full divergence report said, for :func:`.report.repeat_of`
         self.said = None
+        #: ({listed name: module path}, {holding modules' classes}) of the zero-code check's optimizer, or None
+        self.module_paths = None
         self._ddp = None  # (ids of the listed tensors, their DDP groups): one search of the live objects
 
     def layout(self, named, channel):
@@ -64,18 +66,37 @@ class Stream(object):
             ddp = self._ddp[1]
         return groups.Layout(named, channel.rank, declared=declared, ddp=ddp, world=channel.size)
 
+    def history(self, step):
+        """What a report at ``step`` reads from this history (first check, last identical step, different
+        since): fields of its :class:`SyncReport`, none for an object with no history."""
+        if self.checks < 0:
+            return {}
+        return {"first_check": self.checks == 0, "identical_at": self.identical_at,
+                "different_since": step if self.different_since is None else self.different_since}
+
     def record(self, report):
-        """Read ``report`` against this history (first check, last identical step, different since), then
-        add it to the history."""
-        report.first_check = self.checks == 0
-        report.identical_at = self.identical_at
+        """Add ``report`` (read against this history when it was built) to the history."""
         self.checks += 1
         if report.outcome == "identical":
             self.identical_at, self.different_since = report.step, None
-        elif report.diverged:
-            if self.different_since is None:
-                self.different_since = report.step
-            report.different_since = self.different_since
+        elif report.diverged and self.different_since is None:
+            self.different_since = report.step
+
+    def naming(self, outcome, names, not_compared, set_aside):
+        """``(names, not_compared, set_aside, label)`` as a report of ``outcome`` says them: by module path
+        (``encoder.layers.3.weight``) where :attr:`module_paths` knows them and the report names tensors (a
+        difference, or tensors left out); a path two tensors share keeps the tensor's position too."""
+        by_old = self.module_paths[0] if self.module_paths else None
+        if not by_old or (outcome == "identical" and not not_compared):
+            return names, not_compared, set_aside, self.label
+        paths = [by_old.get(n, n) for n in names]
+        taken = {}
+        for path in paths:
+            taken[path] = taken.get(path, 0) + 1
+        # parameters of separate modules with no model around them ("weight" twice) keep their position too
+        renamed = dict((n, p if taken[p] == 1 else "%s (%s)" % (p, n)) for p, n in zip(paths, names))
+        return ([renamed[n] for n in names], [(renamed.get(n, by_old.get(n, n)), why) for n, why in not_compared],
+                [renamed.get(n, by_old.get(n, n)) for n in set_aside], self.label)
 
 
 # --------------------------------------------------------------------------- listing
@@ -178,7 +199,8 @@ def exchange(pending, tolerance=DEFAULT_TOLERANCE):
     channel = pending.channel
     with torch.no_grad():
         reduced = channel.all_reduce_max(pending.vector)
-        report = decide(fingerprint.decode(reduced), pending.layout, pending.error, channel, pending.step, tolerance)
+        report = decide(fingerprint.decode(reduced), pending.layout, pending.error, channel, pending.step, tolerance,
+                        pending.stream)
     if pending.stream.checks >= 0:
         pending.stream.record(report)
     return report
@@ -215,24 +237,32 @@ def _check_number(stream):
 _previous = {}  # (rank, stream key) -> the barrier of its last check (its store keys are deleted at the next)
 
 
-def decide(decoded, layout, error, channel, step, tolerance):
+def decide(decoded, layout, error, channel, step, tolerance, stream=None):
     """The verdict of a MAX-reduced vector, read top to bottom; every rank reads the same vector (and the same
     gathered hashes, and holds the same first-look decisions), so every rank reaches the same verdict and
-    enters the same further collective, if any."""
+    enters the same further collective, if any. The report is built complete: read against ``stream``'s
+    history and named as its user knows the tensors (:meth:`Stream.naming`)."""
     names = layout.names if layout is not None else []
     not_compared = layout.not_compared if layout is not None else []
     looks = _FirstLooks(layout)
 
+    def built(outcome, left_out, set_aside=(), **fields):
+        if stream is not None:
+            fields.update(stream.history(step))
+            listed, left_out, set_aside, fields["stream"] = stream.naming(outcome, names, left_out, set_aside)
+        else:
+            listed = names
+        return SyncReport(step, channel.size, channel.kind, listed, tolerance=tolerance, outcome=outcome,
+                          not_compared=left_out, set_aside=set_aside, **fields)
+
     def early(outcome, **fields):
         """A verdict reached before any tensor was looked at (rules 1-5): no first-look fact in it."""
-        return SyncReport(step, channel.size, channel.kind, names, tolerance=tolerance, outcome=outcome,
-                          not_compared=not_compared, **fields)
+        return built(outcome, not_compared, **fields)
 
     def report(outcome, **fields):
         """A verdict after the first looks: the tensors set aside are listed and named."""
-        return SyncReport(step, channel.size, channel.kind, names, tolerance=tolerance, outcome=outcome,
-                          not_compared=not_compared + looks.not_compared(), rule=looks.rule(),
-                          set_aside=looks.set_aside_names(), **fields)
+        return built(outcome, not_compared + looks.not_compared(), looks.set_aside_names(), rule=looks.rule(),
+                     **fields)
 
     high, low = decoded["format"]
     # 1. Another format of the vector: nothing else in it can be read.
@@ -520,10 +550,13 @@ def check_options(every, tolerance, on_divergence):
         raise ValueError("on_divergence must be 'warn', 'raise' or a callable(report); got %r" % (on_divergence,))
 
 
-def due(step, every):
-    """Whether a check runs at optimizer step ``step``: 0 (before any update, when the caller asks), the first
-    step, then every ``every``."""
-    return step == 1 or step % every == 0  # step 0 is a multiple of every
+def due(step, every, last=None):
+    """The schedule of every check that counts steps -- the first step, then every ``every`` -- written once:
+    whether a check runs at step ``step``. ``last``: the step of the schedule's previous check, for a caller
+    that sees steps with gaps (then the first step at or past the next multiple of ``every`` is due); default
+    the step before (only a multiple is due). Step 0, before any update, is due when the caller asks."""
+    last = step - 1 if last is None else last
+    return step == 1 or step // every > last // every  # step 0 is a multiple of every
 
 
 def check_sync(model, step, every=DEFAULT_EVERY, tolerance=DEFAULT_TOLERANCE, on_divergence="warn",

@@ -44,18 +44,11 @@ import threading
 import time
 import weakref
 
-from ..config import ASCII_WHITESPACE, SYNC_CHECK_VAR
+from .. import settings
+from ..config import GROUP_VAR, ON_DIVERGENCE_VAR, PORT_VAR, SYNC_CHECK_VAR, TIMEOUT_VAR
+from ..settings import DEFAULT_ACTION, DEFAULT_GROUP
 from . import comm, compare, report as reports  # none imports torch: this module is loaded only when armed
 from .report import ReplicaDivergenceError
-
-ON_DIVERGENCE_VAR = SYNC_CHECK_VAR + "_ON_DIVERGENCE"
-GROUP_VAR = SYNC_CHECK_VAR + "_GROUP"
-GROUPS = ("auto", "world")
-DEFAULT_GROUP = "auto"
-ACTIONS = ("warn", "raise")
-DEFAULT_ACTION = "warn"
-#: More digits than any real step count; a longer value is refused before ``int()`` reads it.
-MAX_DIGITS = 12
 #: The torch module whose global hook registry arms the check.
 TORCH_OPTIMIZER = "torch.optim.optimizer"
 #: What is armed: steps between checks (0: off), the action, torch's hook handles.
@@ -74,54 +67,6 @@ _lock = threading.Lock()
 _unraised = {}
 
 
-# --------------------------------------------------------------------------- parsing
-def parse_every(raw):
-    """(every, problem) for a raw value of TPU_CLOSURE_FIX_SYNC_CHECK: unset/empty/0 -> (0, None) (off).
-
-    Accepted: ASCII digits only (surrounding white space ignored). Anything else gives every 0 and a
-    message naming the variable and the accepted values."""
-    value = "" if raw is None else raw.strip(ASCII_WHITESPACE)
-    if value == "":
-        return 0, None
-    if len(value) <= MAX_DIGITS and value.isascii() and value.isdigit():
-        return int(value), None
-    from ..config import bad_value_message
-
-    return 0, bad_value_message(
-        SYNC_CHECK_VAR, raw, "a whole number of optimizer steps between checks (ASCII digits, e.g. 100), or 0 / "
-        "unset (off)", "The zero-code sync check stays off.",
-        "`export %s=100` (a check every 100 optimizer steps), or `unset %s`" % (SYNC_CHECK_VAR, SYNC_CHECK_VAR))
-
-
-def parse_action(raw):
-    """(action, problem) for a raw value of TPU_CLOSURE_FIX_SYNC_CHECK_ON_DIVERGENCE: unset/empty -> warn."""
-    value = "" if raw is None else raw.strip(ASCII_WHITESPACE)
-    if value == "":
-        return DEFAULT_ACTION, None
-    if value.isascii() and value.lower() in ACTIONS:
-        return value.lower(), None
-    from ..config import bad_value_message
-
-    return DEFAULT_ACTION, bad_value_message(
-        ON_DIVERGENCE_VAR, raw, "warn (the default) or raise", "Using warn.",
-        "`unset %s` (warn), or `export %s=raise`" % (ON_DIVERGENCE_VAR, ON_DIVERGENCE_VAR))
-
-
-def parse_group(raw):
-    """(group, problem) for a raw value of TPU_CLOSURE_FIX_SYNC_CHECK_GROUP: unset/empty -> auto."""
-    value = "" if raw is None else raw.strip(ASCII_WHITESPACE)
-    if value == "":
-        return DEFAULT_GROUP, None
-    if value.isascii() and value.lower() in GROUPS:
-        return value.lower(), None
-    from ..config import bad_value_message
-
-    return DEFAULT_GROUP, bad_value_message(
-        GROUP_VAR, raw, "auto (the default: decided at each optimizer's first check) or world (every rank holds "
-        "the same model)", "Using auto.",
-        "`unset %s` (auto), or `export %s=world` where every rank holds the same model" % (GROUP_VAR, GROUP_VAR))
-
-
 def _say_once(key, message, where=None):
     """Say ``message`` once per ``key`` in this process, on the one path of every report (:func:`.report.say`)."""
     reports.say_once(key, message, where=where)
@@ -129,30 +74,16 @@ def _say_once(key, message, where=None):
 
 # --------------------------------------------------------------------------- arming
 def arm_from_environment(environ=None):
-    """Arm the check as the variables say (a bad value: one report, then off / warn). Returns every."""
-    from ..config import user_location
-
-    environ = os.environ if environ is None else environ
-    where = user_location()  # each bad value is said at the user's import line
-
-    def bad(variable, problem):
-        if problem:
-            _say_once(("value", variable, environ.get(variable)), problem, where)
-
-    every, problem = parse_every(environ.get(SYNC_CHECK_VAR))
-    bad(SYNC_CHECK_VAR, problem)
+    """Arm the check as the settings say (:func:`..settings.current`; ``environ``: a mapping read instead). A bad
+    value: one report, at the user's import line, then off / the default. Returns every."""
+    switches = settings.of(environ)
+    every = switches.get(SYNC_CHECK_VAR)
     if not every:
         return 0
-    action, problem = parse_action(environ.get(ON_DIVERGENCE_VAR))
-    bad(ON_DIVERGENCE_VAR, problem)
-    bad(comm.TIMEOUT_VAR, comm.parse_timeout(environ.get(comm.TIMEOUT_VAR))[1])
-    _, problem = comm.parse_port(environ.get(comm.PORT_VAR), environ.get("MASTER_PORT"))
-    if problem:
-        comm._said_ports.add(problem)  # said here, not again when the check's store is made
-    bad(comm.PORT_VAR, problem)
-    replicas, problem = parse_group(environ.get(GROUP_VAR))
-    bad(GROUP_VAR, problem)
-    arm(every, action, replicas)
+    action = switches.get(ON_DIVERGENCE_VAR)
+    for used_later in (TIMEOUT_VAR, PORT_VAR):  # a bad value is said now, at the user's line, not at a check
+        switches.get(used_later)
+    arm(every, action, switches.get(GROUP_VAR))
     return every
 
 
@@ -268,7 +199,7 @@ def _count_and_check(optimizer):
         steps[0] += 1
         step = steps[0]
     _raise_if_due(stream, step)
-    if (step == 1 or step % _armed["every"] == 0) and stream.stood_down is None and not _raising(stream):
+    if compare.due(step, _armed["every"]) and stream.stood_down is None and not _raising(stream):
         _check(optimizer, stream, step)
 
 
@@ -336,6 +267,7 @@ def _check(optimizer, stream, step):
     if channel is None:  # one process, or world size 1: nothing to compare, nothing entered
         return
     started = time.perf_counter()
+    _name(optimizer, stream)  # found now, on the training thread, while the model is alive
     if isinstance(channel, (comm.DistributedChannel, comm.HostChannel)):
         _check_off_thread(optimizer, stream, step, channel)
         return
@@ -346,35 +278,34 @@ def _check(optimizer, stream, step):
         stream.stood_down = str(exc)
         if exc.broken:
             disarm()
-        # the user knows the optimizer by its class and its parameters (never by the stream's key)
-        _say_once(("stood down", stream.key, str(exc)), "tpu-closure-fix: the zero-code sync check stands down "
-                  "for %s at step %d: %s. Training goes on." % (_label(optimizer, stream), step, exc), where)
+        reports.stood_down(stream.label, step, exc, ("stood down", stream.key, str(exc)), where)
         return
-    if report is None:
-        return
-    if _named(report):
-        _name_by_module(report, optimizer, stream)
-    else:
-        report.stream = _label(optimizer, stream)  # the info line says which optimizer it is about
-    _delivered(report, stream, channel.rank, where, time.perf_counter() - started)
+    if report is not None:
+        _delivered(report, stream, channel.rank, where, time.perf_counter() - started)
 
 
-def _named(report):
-    """Whether ``report`` names tensors (a difference, or tensors left out): then by their module paths."""
-    return report.outcome != "identical" or bool(report.not_compared)
+def _name(optimizer, stream):
+    """Give ``stream`` the names its reports use (they are built complete, on the worker too): the optimizer as
+    the user knows it (never by the stream's key) and its parameters' module paths."""
+    if stream.label is None:
+        stream.label = _label(optimizer, stream)
 
 
 def _delivered(report, stream, rank, where, held):
-    """What a check's report does once known: the history, the info line, the words (or nothing: the same
-    divergence said already, :func:`.report.repeat_of`). ``held``: the seconds the check held the training
-    thread."""
+    """What a check's report does once known: the count and the history here, the words through
+    :func:`.report.act` (or nothing: the same divergence said already, :func:`.report.repeat_of`). ``held``: the
+    seconds the check held the training thread."""
     if report.outcome == "out_of_step" or compare.nothing_left(report):
         # out of step, or every tensor set aside at its first look: no later check of this stream compares
         # anything; checks fingerprinted before this verdict was known say nothing more (stood down)
         stream.stood_down = report.reason
+    _counted(report)
+    reports.act(report, _armed["action"], rank=rank, where=where, stream=stream, held=held)
+
+
+def _counted(report):
     seen["checks"] += 1
     seen["last_report"] = report
-    reports.act(report, _armed["action"], rank=rank, where=where, stream=stream, held=held)
 
 
 def _check_off_thread(optimizer, stream, step, channel):
@@ -392,9 +323,7 @@ def _check_off_thread(optimizer, stream, step, channel):
     started = time.perf_counter()
     pending = compare.prepare(optimizer, step, stream, channel=channel)
     held = time.perf_counter() - started  # what the training thread gives the check: the fingerprint
-    _module_paths(optimizer, stream)  # found now, on the training thread, while the model is alive
     where = reports.user_location()
-    name = _label(optimizer, stream)
 
     def deliver(report, raise_at):
         try:
@@ -405,26 +334,17 @@ def _check_off_thread(optimizer, stream, step, channel):
     def _deliver(report, raise_at):
         if stream.stood_down is not None and stream.stood_down != "raised" and compare.nothing_left(report):
             return  # every tensor set aside: said once, at the check that set them aside
-        if _named(report):
-            _apply_names(report, stream.module_paths[0], name)
-        else:
-            report.stream = name  # the info line says which optimizer it is about
         if getattr(stream, "raising", None) is not None or stream.stood_down == "raised":
             return  # the first divergence to raise stands (every rank agreed on its step); later ones add nothing
-        if raise_at is not None:
-            error = ReplicaDivergenceError(
-                "%s Raised at optimizer step %d, the step every rank agreed on." % (report.message(), raise_at),
-                report)
-            stream.raise_at, stream.raising = raise_at, error
-            _unraised[id(stream)] = (error, channel.rank, report, raise_at)
-            seen["checks"] += 1
-            seen["last_report"] = report
-            reports.info(reports.info_line(report, held), channel.rank)
-            # said now: the training may end before that step
-            reports.say("%s Every rank raises ReplicaDivergenceError at its optimizer step %d." % (
-                report.message(), raise_at), where, speaker=channel.rank == 0)
+        if raise_at is None:
+            _delivered(report, stream, channel.rank, where, held)
             return
-        _delivered(report, stream, channel.rank, where, held)
+        error = ReplicaDivergenceError(
+            "%s Raised at optimizer step %d, the step every rank agreed on." % (report.message(), raise_at), report)
+        stream.raise_at, stream.raising = raise_at, error
+        _unraised[id(stream)] = (error, channel.rank, report, raise_at)
+        _counted(report)
+        reports.agreed_raise(report, raise_at, channel.rank, where, held)  # said now: training may end before
 
     def stand_down(exc):
         try:
@@ -442,9 +362,7 @@ def _check_off_thread(optimizer, stream, step, channel):
             reports.logger.info("tpu-closure-fix: the job ended before the sync check at step %d completed (%s)",
                                 step, exc)
             return
-        message = ("tpu-closure-fix: the zero-code sync check stands down for %s at step %d: %s. "
-                   "Training goes on." % (name, step, exc))
-        _say_once(("stood down", str(exc) if exc.broken else stream.key), message, where)
+        reports.stood_down(stream.label, step, exc, ("stood down", str(exc) if exc.broken else stream.key), where)
 
     job = worker.Job(pending, deliver, stand_down, current_step=lambda: steps[0],
                      raising=_armed["action"] == "raise", group=group)
@@ -456,8 +374,7 @@ def _check_off_thread(optimizer, stream, step, channel):
         stream.stood_down = worker.refusal_reason(job, _armed["every"], SYNC_CHECK_VAR)
         if _raising(stream):
             return  # the agreed raise (known meanwhile) is this stream's report
-        _say_once(("behind", stream.key), "tpu-closure-fix: the zero-code sync check stands down for %s at step "
-                  "%d: %s. Training goes on." % (name, step, stream.stood_down), where)
+        reports.stood_down(stream.label, step, stream.stood_down, ("behind", stream.key), where)
 
 
 def _raising(stream):
@@ -513,27 +430,6 @@ def _label(optimizer, stream=None):
     shown = ", ".join(paths[:3]) + (", and %d more" % (len(paths) - 3) if len(paths) > 3 else "")
     within = " (in %s)" % ", ".join(sorted(holders)) if holders else ""
     return "%s over %s%s" % (type(optimizer).__name__, shown or "no parameters", within)
-
-
-def _name_by_module(report, optimizer, stream=None):
-    """Replace ``param_groups[g][i]`` names by module paths (``encoder.layers.3.weight``), looking for the
-    modules that hold the optimizer's parameters (only when something is reported), and say which optimizer
-    the report is about (``report.stream``)."""
-    by_old, _ = _module_paths(optimizer, stream)
-    _apply_names(report, by_old, _label(optimizer, stream))
-
-
-def _apply_names(report, by_old, label):
-    """Name ``report``'s tensors by the module paths of ``by_old`` and its optimizer by ``label``."""
-    report.stream = label
-    paths = [by_old.get(n, n) for n in report.names]
-    taken = {}
-    for path in paths:
-        taken[path] = taken.get(path, 0) + 1
-    # parameters of separate modules with no model around them ("weight" twice) keep their position too
-    report.names = [p if taken[p] == 1 else "%s (%s)" % (p, n) for p, n in zip(paths, report.names)]
-    report.not_compared = [(by_old.get(n, n), reason) for n, reason in report.not_compared]
-    report.set_aside = [by_old.get(n, n) for n in report.set_aside]
 
 
 def _module_paths(optimizer, stream=None):

@@ -106,7 +106,7 @@ class SyncReport(object):
     def __init__(self, step, world_size, backend, names, spread=None, divergence=None, tolerance=0.0,
                  outcome="identical", differing=(), nonfinite=(), structure=None, reason=None, versions=(),
                  first_check=False, identical_at=None, not_compared=(), local_error=False, group=(), rule=None,
-                 stream=None, set_aside=(), seen_equal=False):
+                 stream=None, set_aside=(), seen_equal=False, different_since=None):
         if outcome not in OUTCOMES:
             raise ValueError("outcome must be one of %s; got %r" % (", ".join(OUTCOMES), outcome))
         self.step = step
@@ -124,7 +124,8 @@ class SyncReport(object):
         self.versions = [list(v) for v in versions]
         self.first_check = first_check
         self.identical_at = identical_at
-        self.different_since = step if outcome in DIVERGED_OUTCOMES else None
+        diverged = outcome in DIVERGED_OUTCOMES
+        self.different_since = (step if different_since is None else different_since) if diverged else None
         self.not_compared = list(not_compared)
         self.local_error = local_error
         self.group = list(group)
@@ -431,6 +432,21 @@ def say_once(key, message, speaker=True, where=None):
         return
     _said_once.add(key)
     say(message, where, speaker)
+
+
+def stood_down(label, step, reason, key, where=None):
+    """The zero-code check of the optimizer ``label`` stands down at ``step`` for ``reason``: said once per
+    ``key``."""
+    say_once(key, "tpu-closure-fix: the zero-code sync check stands down for %s at step %d: %s. Training goes on."
+             % (label, step, reason), where=where)
+
+
+def agreed_raise(report, raise_at, rank, where=None, held=None):
+    """The ranks agreed to raise ``report``'s divergence at optimizer step ``raise_at``: its info line, and the
+    divergence said now (the training may end before that step), by rank 0 (the others at debug level)."""
+    info(info_line(report, held), rank)
+    say("%s Every rank raises ReplicaDivergenceError at its optimizer step %d." % (report.message(), raise_at),
+        where, speaker=rank == 0)
 
 
 def act(report, on_divergence, rank=0, where=None, stream=None, held=None):

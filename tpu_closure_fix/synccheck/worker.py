@@ -612,8 +612,9 @@ def said_as_ending(exc):
 def drain_bound(environ=None):
     """Seconds to let the worker finish its checks at the job's end: :data:`EXIT_DRAIN`, never longer than the
     agreement's timeout."""
-    environ = os.environ if environ is None else environ
-    return min(EXIT_DRAIN, comm.parse_timeout(environ.get(comm.TIMEOUT_VAR))[0])
+    from .. import settings
+
+    return min(EXIT_DRAIN, settings.of(environ).get(comm.TIMEOUT_VAR))
 
 
 def finish(wait=EXIT_WAIT, answer=True):

@@ -343,7 +343,8 @@ def _beside_script(payload, flags, script):
 def startup_hook(facts):
     """``(active, reason)``: does a script started in that interpreter get the shim at start, and why
     (not)? ``active`` is None when not asked. The first rule that applies decides."""
-    from ..config import parse_switch, show_value
+    from ..config import show_value
+    from ..settings import parse_switch
 
     flags = facts.get("flags") or {}
     origin = facts.get("shim_origin")
