@@ -7,7 +7,7 @@ Usage::
     python scripts/doc_samples.py --check    # exit 1 naming each sample that is out of date
 
 Each sample sits between ``<!-- sample:NAME:start -->`` and ``<!-- sample:NAME:end -->`` in its document, as a
-fenced ``text`` block, and is rendered by the function that prints it:
+fenced ``text`` block (or as Markdown: :data:`MARKDOWN`), and is rendered by the function that prints it:
 
 * ``demo`` (docs/demo.md): what ``tpu-closure-fix demo`` prints of its two runs (``demo._report``), from the
   results of the run that made docs/demo.png, kept in docs/demo-results.json (``results.json`` of
@@ -18,6 +18,8 @@ fenced ``text`` block, and is rendered by the function that prints it:
 
 * ``matrix`` (docs/proof.md): the release matrix's closing table (``scripts/matrix.py``'s ``render``), from the
   results kept in docs/matrix-results.json (``scripts/support_table.py --update-results`` / ``--merge-results``).
+* ``settings`` (docs/settings.md): every ``TPU_CLOSURE_FIX*`` variable, from the table the package reads them by
+  (``tpu_closure_fix.settings.TABLE``); Markdown (a list), not a fenced block.
 
 tests/unit/test_doc_samples.py runs ``--check``. Python 3.8+, standard library and this repository's package.
 """
@@ -80,19 +82,38 @@ def matrix_sample():
     return matrix.render(names, rows)
 
 
+def settings_sample():
+    """The list of every ``TPU_CLOSURE_FIX*`` setting, one item per row of ``tpu_closure_fix.settings.TABLE``:
+    the accepted values, what unset means, what a bad value does and how it is said."""
+    from tpu_closure_fix import settings, textfit
+
+    lines = []
+    for row in settings.TABLE:
+        said = ("a `TPUClosureFixWarning` at the importing line" if row.said == settings.WARNING else
+                "a report on the `tpu_closure_fix.synccheck` logger (no warnings filter mutes it)")
+        lines.extend(textfit.wrap("* `%s`: %s. Unset or empty: %s. A bad value: %s, said once as %s." % (
+            row.name, row.accepted, row.unset, row.on_bad, said)))
+    return "\n".join(lines)
+
+
 SAMPLES = {"demo": (os.path.join("docs", "demo.md"), demo_sample),
            "compiled-only": (os.path.join("docs", "support.md"), compiled_only_sample),
-           "matrix": (os.path.join("docs", "proof.md"), matrix_sample)}
+           "matrix": (os.path.join("docs", "proof.md"), matrix_sample),
+           "settings": (os.path.join("docs", "settings.md"), settings_sample)}
+#: Samples that are Markdown themselves (a list), spliced as they are rather than as a fenced text block.
+MARKDOWN = ("settings",)
 
 
-def splice(text, name, sample):
-    """``text`` with the block between sample ``name``'s markers replaced by ``sample`` (a fenced text block)."""
+def splice(text, name, sample, fenced=True):
+    """``text`` with the block between sample ``name``'s markers replaced by ``sample``: a fenced text block, or
+    (``fenced`` false) the Markdown itself."""
     start, end = "<!-- sample:%s:start -->" % name, "<!-- sample:%s:end -->" % name
     if start not in text or end not in text:
         raise SystemExit("doc_samples.py: the markers %s ... %s are missing" % (start, end))
     head, rest = text.split(start, 1)
     tail = rest.split(end, 1)[1]
-    return "%s%s\n```text\n%s\n```\n%s%s" % (head, start, sample, end, tail)
+    block = "```text\n%s\n```" % sample if fenced else sample
+    return "%s%s\n%s\n%s%s" % (head, start, block, end, tail)
 
 
 def main(argv=None):
@@ -113,7 +134,7 @@ def main(argv=None):
         path = os.path.join(REPO, document)
         with open(path) as handle:
             current = handle.read()
-        updated = splice(current, name, render())
+        updated = splice(current, name, render(), fenced=name not in MARKDOWN)
         if updated != current:
             outdated.append("%s (%s)" % (name, document))
             if not args.check:
