@@ -3,9 +3,9 @@
 
 Two processes (torch.distributed over gloo, CPU, one thread each) train a model data-parallel: forward,
 backward, mean all-reduce of every gradient, SGD step. Both arms import ``tpu_closure_fix``; they differ only in
-the environment: *armed* sets ``TPU_CLOSURE_FIX_SYNC_CHECK=<every>`` (a check at the optimizer's first step, then
-every ``every`` steps, and one before the first update: the training thread fingerprints, the check's worker thread agrees and exchanges), *off*
-leaves it unset. Two loops (``--loops``):
+the environment: *armed* sets ``TPU_CLOSURE_FIX_SYNC_CHECK=<every>`` (checks before the optimizer's first
+update, after it, then every ``every`` steps: the training thread fingerprints, the check's worker thread agrees
+and exchanges), *off* leaves it unset. Two loops (``--loops``):
 
 * ``small``: an MLP of 26,122 parameters (64 -> 128 -> 128 -> 10, batch 32), a step of about 2 ms, a check every
   5 steps, 300 steps;
@@ -125,7 +125,8 @@ def rank_main(rank, port, cfg):
     from tpu_closure_fix.synccheck import hook, worker
 
     worker.drain(60.0)  # the last checks answered: every check the loop handed over is counted
-    result = {"loop_s": loop, "first_s": first, "train_cpu_s": cpu, "worker_cpu_s": _worker_cpu(), "checks": hook.seen["checks"],
+    result = {"loop_s": loop, "first_s": first, "train_cpu_s": cpu, "worker_cpu_s": _worker_cpu(),
+              "checks": hook.seen["checks"],
               "armed_every": hook.armed_every(), "fingerprint_ms": _fingerprint_ms(model, rank),
               "params": sum(p.numel() for p in model.parameters()),
               "outcome": getattr(hook.seen["last_report"], "outcome", None)}

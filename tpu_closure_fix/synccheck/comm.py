@@ -7,9 +7,8 @@ Picked at each check from the process's environment alone:
   rank agreed to), so it never pairs with the training's own
   collectives; the vector is computed on the parameters' device and crosses on the host. Before every
   collective the ranks *agree* through the process group's store: each rank counts itself in under the
-  check's key and watches the count; a rank that sees every rank in votes "go", one that waited ``timeout``
-  seconds without seeing it votes "abort" (an atomic compare-and-set, so the first vote written is every
-  rank's answer). A rank enters
+  check's key; the last one in votes "go", and a rank that waited ``timeout`` seconds without a vote votes
+  "abort" (an atomic compare-and-set, so the first vote written is every rank's answer). A rank enters
   the collective only on "go", so a check that some rank never reaches (an optimizer stepped on one
   rank only, a rank gone, ranks out of step) is entered by none: it stands down with one warning.
   :meth:`_StoreChannel.agree` is that agreement on the calling thread (``compare_replicas``,

@@ -9,9 +9,13 @@ and the check's own gloo group:
 
 1. **Arrive.** It counts the check in under the check's key (the stream and its check number) and notes its
    rank there.
-2. **Agree.** It polls the pending checks, each stream's oldest first: a check every rank arrived at is voted
-   "go"; one still incomplete after ``TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`` seconds is voted "abort"
-   (compare-and-set: the first vote written is every rank's answer). An aborted check is said once, naming the
+2. **Agree.** The rank whose count completes a check votes it "go" as it arrives; the others read the next
+   exchange's slot first (a check proposed there is one every rank reached), then the pending checks' counts,
+   each stream's oldest first, pausing longer after each round that moved nothing. One still incomplete after
+   ``TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`` seconds is voted "abort" (compare-and-set: the first vote written is
+   every rank's answer). The worker reads rather than blocks in a store ``wait``: a wait cannot be woken by the
+   training thread's next check (the store's connection serves one call at a time, and the training thread
+   never touches the store), and a timed-out one prints to stderr. An aborted check is said once, naming the
    optimizer and the ranks that reached it and those that did not, and its stream stands down; the other pending
    checks go on meanwhile -- an optimizer stepped on rank 0 alone holds up neither training nor the other
    checks.
