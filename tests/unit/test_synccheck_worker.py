@@ -241,7 +241,7 @@ def test_a_failure_inside_the_worker_is_said_once_and_no_check_is_taken_after(mo
     monkeypatch.setitem(worker._state, "failed", None)
     monkeypatch.setattr(worker, "_workers", {})
     broken = worker.Worker()
-    monkeypatch.setattr(broken, "_agree", lambda: 1 / 0)
+    monkeypatch.setattr(broken, "_step", lambda: 1 / 0)
     broken.pending["x"] = object()  # something pending: the loop polls at once
     with spoken() as seen:
         broken.start().thread.join(10)

@@ -7,9 +7,8 @@ Picked at each check from the process's environment alone:
   rank agreed to), so it never pairs with the training's own
   collectives; the vector is computed on the parameters' device and crosses on the host. Before every
   collective the ranks *agree* through the process group's store: each rank counts itself in under the
-  check's key and watches the count; a rank that sees every rank in votes "go", one that waited ``timeout``
-  seconds without seeing it votes "abort" (an atomic compare-and-set, so the first vote written is every
-  rank's answer). A rank enters
+  check's key; the last one in votes "go", and a rank that waited ``timeout`` seconds without a vote votes
+  "abort" (an atomic compare-and-set, so the first vote written is every rank's answer). A rank enters
   the collective only on "go", so a check that some rank never reaches (an optimizer stepped on one
   rank only, a rank gone, ranks out of step) is entered by none: it stands down with one warning.
   :meth:`_StoreChannel.agree` is that agreement on the calling thread (``compare_replicas``,
@@ -209,6 +208,23 @@ def _timeout(timeout):
     return timeout
 
 
+#: The first torch whose store survives a timed-out ``wait`` (it cancels the wait on the server: checked on 2.9 and
+#: 2.13); an older one polls instead.
+BLOCKING_WAIT_TORCH = (2, 9)
+
+
+def blocking_wait_safe(version=None):
+    """Whether a ``wait`` on the store may time out and leave it usable: torch >= :data:`BLOCKING_WAIT_TORCH`."""
+    if version is None:
+        torch = sys.modules.get("torch")
+        version = getattr(torch, "__version__", "0")
+    parts = []
+    for piece in str(version).split("+")[0].split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit()) if piece[:1].isdigit() else ""
+        parts.append(int(digits[:4]) if digits else 0)
+    return tuple(parts) >= BLOCKING_WAIT_TORCH
+
+
 class _StoreChannel(object):
     """What both channels share: the agreement through a store, the exchange on a gloo group of the check's
     own built over a prefix of that store. Subclasses give ``_store()``, ``_scope()`` (what the group is
@@ -245,26 +261,47 @@ class _StoreChannel(object):
         """Whether every rank reached check ``key`` (see the module docstring). Raises StoodDown when the
         store itself fails (its host gone).
 
-        Each rank counts itself in, then polls the count (no blocking ``wait``: on torch 1.x a timed-out wait
-        leaves the store's socket out of step for every later use) until all are in or ``timeout`` passed,
-        and votes "go" or "abort" by compare-and-set: the first vote written is every rank's answer."""
+        Each rank counts itself in; the last one in votes "go" at once. The others wait for the vote
+        (:meth:`_await_vote`) until ``timeout`` passed and then vote "abort", by compare-and-set: the first
+        vote written is every rank's answer."""
         import time
 
         key = KEY_PREFIX + key
         try:
             store = self._store()
+            deadline = time.monotonic() + self.timeout
             arrived = store.add(key + "/arrived", 1)
-            deadline, delay = time.monotonic() + self.timeout, 0.0002
-            while arrived < self.size and time.monotonic() < deadline:
-                time.sleep(delay)
-                delay = min(delay * 2, 0.05)
-                arrived = store.add(key + "/arrived", 0)
+            if arrived < self.size:
+                arrived = self._await_vote(store, key, deadline)
             decision = store.compare_set(key + "/decision", "", "go" if arrived >= self.size else "abort")
         except StoodDown:
             raise
         except Exception as exc:
             raise self._failed_store(exc)
         return decision in (b"go", "go")
+
+    def _await_vote(self, store, key, deadline):
+        """Wait until the last rank in voted or ``deadline`` passed; the ranks counted in then (``size``: the
+        vote is written). Where a timed-out ``wait`` leaves the store usable (:func:`blocking_wait_safe`) one
+        blocking ``wait`` for the vote's key, with the GIL released; elsewhere (on torch 1.x a timed-out wait
+        leaves the store's socket out of step for every later use) poll the count, pausing longer each time."""
+        import time
+        from datetime import timedelta
+
+        if blocking_wait_safe():
+            try:
+                store.wait([key + "/decision"], timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+                return self.size  # the vote is written: compare_set below reads it
+            except Exception:  # the deadline passed (a store that broke fails the vote that follows too)
+                return 0
+        arrived, delay = 0, 0.0002
+        while time.monotonic() < deadline:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+            arrived = store.add(key + "/arrived", 0)
+            if arrived >= self.size:
+                break
+        return arrived
 
     def forget(self, key):
         """Delete a finished check's keys from the store (rank 0, best effort)."""

@@ -9,9 +9,13 @@ and the check's own gloo group:
 
 1. **Arrive.** It counts the check in under the check's key (the stream and its check number) and notes its
    rank there.
-2. **Agree.** It polls the pending checks, each stream's oldest first: a check every rank arrived at is voted
-   "go"; one still incomplete after ``TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`` seconds is voted "abort"
-   (compare-and-set: the first vote written is every rank's answer). An aborted check is said once, naming the
+2. **Agree.** The rank whose count completes a check votes it "go" as it arrives; the others read the next
+   exchange's slot first (a check proposed there is one every rank reached), then the pending checks' counts,
+   each stream's oldest first, pausing longer after each round that moved nothing. One still incomplete after
+   ``TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`` seconds is voted "abort" (compare-and-set: the first vote written is
+   every rank's answer). The worker reads rather than blocks in a store ``wait``: a wait cannot be woken by the
+   training thread's next check (the store's connection serves one call at a time, and the training thread
+   never touches the store), and a timed-out one prints to stderr. An aborted check is said once, naming the
    optimizer and the ranks that reached it and those that did not, and its stream stands down; the other pending
    checks go on meanwhile -- an optimizer stepped on rank 0 alone holds up neither training nor the other
    checks.
@@ -309,7 +313,7 @@ class Worker(object):
                 try:
                     for job in new:
                         self._arrive(job)
-                    progressed = self._agree() | self._exchange_next()
+                    progressed = self._step()
                 finally:
                     self.busy = False
                 if progressed or new:
@@ -322,6 +326,17 @@ class Worker(object):
                     delay = min(delay * 2, MAX_POLL)
         except Exception as exc:  # never break training: say it once, the check stays off
             _worker_failed(exc)
+
+    def _step(self):
+        """One round over the pending checks; True when some check moved. The next exchange's slot is read
+        first: a check some rank proposed there is one every rank reached, so it is exchanged without reading
+        its count or its vote (the last rank in votes as it arrives: :meth:`_arrive`)."""
+        if self._exchange_next():
+            return True
+        if self._agree():
+            self._exchange_next()
+            return True
+        return False
 
     def _store(self, job):
         return job.pending.channel._store()
@@ -336,12 +351,25 @@ class Worker(object):
             store = self._store(job)
             if hasattr(store, "append"):
                 store.append(job.key + "/ranks", "%d," % channel.rank)
-            store.add(job.key + "/arrived", 1)
+            arrived = store.add(job.key + "/arrived", 1)
         except Exception as exc:
             self._give_up(job, self._failed(job, exc))
             return
         job.deadline = time.monotonic() + channel.timeout
         self.pending[job.key] = job
+        if arrived >= channel.size:  # the last rank in votes now: no rank polls for the count after it
+            job.arrived = arrived
+            self._vote(job, store, "go")
+
+    def _vote(self, job, store, wanted):
+        """Vote ``wanted`` for ``job`` (compare-and-set: the first vote written is every rank's answer)."""
+        try:
+            job.decision = _text(store.compare_set(job.key + "/decision", "", wanted))
+        except Exception as exc:
+            self._give_up(job, self._failed(job, exc))
+            return
+        if job.decision != "go":
+            self._give_up(job, self._not_reached(job))
 
     def _agree(self):
         """Poll the pending checks not yet agreed, each stream's oldest first; True when some check got its
@@ -359,16 +387,14 @@ class Worker(object):
                 arrived = store.add(job.key + "/arrived", 0)
                 self._note_arrivals(job, store, arrived, channel.size)
                 wanted = vote(arrived, channel.size, time.monotonic(), job.deadline)
-                if wanted is None:
-                    open_streams.add(job.stream_key)
-                    continue
-                job.decision = _text(store.compare_set(job.key + "/decision", "", wanted))
             except Exception as exc:
                 self._give_up(job, self._failed(job, exc))
                 continue
+            if wanted is None:
+                open_streams.add(job.stream_key)
+                continue
             progressed = True
-            if job.decision != "go":
-                self._give_up(job, self._not_reached(job))
+            self._vote(job, store, wanted)
         return progressed
 
     def _note_arrivals(self, job, store, arrived, size):

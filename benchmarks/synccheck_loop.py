@@ -1,0 +1,269 @@
+#!/usr/bin/env python
+"""What the zero-code check costs a training loop: the loop's time armed against off, paired runs (not a test).
+
+Two processes (torch.distributed over gloo, CPU, one thread each) train a model data-parallel: forward,
+backward, mean all-reduce of every gradient, SGD step. Both arms import ``tpu_closure_fix``; they differ only in
+the environment: *armed* sets ``TPU_CLOSURE_FIX_SYNC_CHECK=<every>`` (checks before the optimizer's first
+update, after it, then every ``every`` steps: the training thread fingerprints, the check's worker thread agrees
+and exchanges), *off* leaves it unset. Two loops (``--loops``):
+
+* ``small``: an MLP of 26,122 parameters (64 -> 128 -> 128 -> 10, batch 32), a step of about 2 ms, a check every
+  5 steps, 300 steps;
+* ``100m``: 100.7 M parameters (4096-wide square layers), a check every 100 steps, 200 steps (two processes of
+  about 2 GB each).
+
+Runs alternate in ABBA order (``--pairs`` pairs). Per run: the slowest rank's loop (a barrier, then the steps,
+then a barrier), the checks rank 0 delivered, the CPU time of rank 0's training thread in the loop and of its
+check worker thread, and the fingerprint (``fingerprint.local_vector`` of the model, median of 15, after the
+loop). Printed per loop: medians of each arm, the median of the paired differences (armed - off) and what
+that is per check, against the goal: the training loses at most the fingerprint plus 1 ms per check. On this
+shared 2-core machine both ranks, their worker threads and gloo share the cores; the paired median absorbs
+much of the load of other programs, not all of it.
+
+    python benchmarks/synccheck_loop.py                  # the figures in docs/synccheck.md (about 10-20 min)
+    python benchmarks/synccheck_loop.py --loops small --pairs 10
+    python benchmarks/synccheck_loop.py --smoke          # a few seconds: the script works (a small model only)
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from _stats import quartiles  # noqa: E402
+
+SYNC_CHECK_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK"
+ARMS = ("armed", "off")
+#: The loops measured: layer widths, batch per rank, steps between checks, steps per run.
+LOOPS = {"small": {"widths": [64, 128, 128, 10], "batch": 32, "every": 5, "steps": 300},
+         "100m": {"widths": [4096] * 7, "batch": 4, "every": 100, "steps": 200}}
+#: Pairs of runs per loop by default.
+PAIRS = {"small": 10, "100m": 3}
+#: Goal: per check, the loop loses at most the fingerprint's time plus this many seconds.
+ROOM = 0.001
+FINGERPRINT_REPS = 15
+
+
+# --------------------------------------------------------------------------- one rank
+def _worker_cpu():
+    """CPU seconds of this process's check worker threads so far (0.0: none ran)."""
+    import threading
+
+    from tpu_closure_fix.synccheck import comm
+
+    total = 0.0
+    for thread in threading.enumerate():
+        if thread.name == comm.WORKER_THREAD and thread.ident is not None:
+            try:
+                total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+            except (AttributeError, OSError):  # not on this platform: counted as none
+                pass
+    return total
+
+
+def _fingerprint_ms(model, rank):
+    """Median milliseconds of one fingerprint of ``model`` (the training thread's part of a check)."""
+    import torch
+
+    from tpu_closure_fix.synccheck import fingerprint, groups
+
+    times = []
+    with torch.no_grad():
+        for _ in range(FINGERPRINT_REPS):
+            start = time.perf_counter()
+            layout = groups.Layout(list(model.named_parameters()), rank)
+            fingerprint.local_vector(layout.entries, layout.structures, step=1, lanes=layout.lanes)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def rank_main(rank, port, cfg):
+    """Train the loop as one rank; print one JSON line of what it measured."""
+    import tpu_closure_fix  # noqa: F401  -- arms the check from the environment (armed arm only)
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=2)
+    torch.manual_seed(0)
+    widths = cfg["widths"]
+    layers = []
+    for inputs, outputs in zip(widths, widths[1:]):
+        layers += [torch.nn.Linear(inputs, outputs), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1])
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(rank)
+    x = torch.randn(cfg["batch"], widths[0], generator=gen)
+    y = torch.randint(0, widths[-1], (cfg["batch"],), generator=gen)
+
+    def step():
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad.mul_(0.5)
+        optimizer.step()
+
+    dist.barrier()
+    start = time.perf_counter()
+    step()  # the first: its checks before and after the update make the check's layout, group and worker
+    first = time.perf_counter() - start
+    dist.barrier()
+    cpu = time.thread_time()
+    start = time.perf_counter()
+    for _ in range(cfg["steps"] - 1):
+        step()
+    dist.barrier()
+    loop = time.perf_counter() - start
+    cpu = time.thread_time() - cpu
+    from tpu_closure_fix.synccheck import hook, worker
+
+    worker.drain(60.0)  # the last checks answered: every check the loop handed over is counted
+    result = {"loop_s": loop, "first_s": first, "train_cpu_s": cpu, "worker_cpu_s": _worker_cpu(),
+              "checks": hook.seen["checks"],
+              "armed_every": hook.armed_every(), "fingerprint_ms": _fingerprint_ms(model, rank),
+              "params": sum(p.numel() for p in model.parameters()),
+              "outcome": getattr(hook.seen["last_report"], "outcome", None)}
+    print(json.dumps(result), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+# --------------------------------------------------------------------------- the parent
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_once(arm, cfg):
+    """One run of the loop in ``arm``: (the slowest rank's first step, the slowest rank's other steps (seconds),
+    rank 0's result)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TPU_CLOSURE_FIX="0",
+               PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    for name in list(env):
+        if name.startswith(SYNC_CHECK_VAR):
+            del env[name]
+    if arm == "armed":
+        env[SYNC_CHECK_VAR] = str(cfg["every"])
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank", str(rank), str(port),
+                               json.dumps(cfg)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True) for rank in range(2)]
+    outs = [p.communicate(timeout=3600) for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit("the %s run failed (exit codes %s):\n%s" % (
+            arm, [p.returncode for p in procs], "\n".join(err[-1500:] for _, err in outs)))
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    check_arm(arm, cfg, results[0])
+    return max(r["first_s"] for r in results), max(r["loop_s"] for r in results), results[0]
+
+
+def expected_checks(steps, every):
+    """Checks of one optimizer over ``steps`` steps: before its first update, after it, then every ``every``."""
+    return 1 + sum(1 for step in range(1, steps + 1) if step == 1 or step % every == 0)
+
+
+def check_arm(arm, cfg, rank0):
+    """Stop the run when an arm did not do what it stands for (armed: every check delivered, identical)."""
+    if arm == "off" and (rank0["armed_every"] or rank0["checks"]):
+        raise SystemExit("the 'off' run ran the check (armed every %s, %s checks): is %s set by something else?"
+                         % (rank0["armed_every"], rank0["checks"], SYNC_CHECK_VAR))
+    want = expected_checks(cfg["steps"], cfg["every"])
+    if arm == "armed" and (rank0["checks"] != want or rank0["outcome"] != "identical"):
+        raise SystemExit("the 'armed' run delivered %s checks (want %d), the last %s: is the package importable "
+                         "from %s?" % (rank0["checks"], want, rank0["outcome"], REPO))
+
+
+def measure(name, cfg, pairs):
+    """ABBA pairs of runs of one loop: {arm: [(first step s, other steps s, rank 0's result)]}."""
+    runs = {arm: [] for arm in ARMS}
+    for pair in range(pairs):
+        for arm in (ARMS if pair % 2 == 0 else ARMS[::-1]):
+            runs[arm].append(run_once(arm, cfg))
+        print("  %s pair %d of %d: loop armed %.3f s, off %.3f s" % (
+            name, pair + 1, pairs, sum(runs["armed"][-1][:2]), sum(runs["off"][-1][:2])), flush=True)
+    return runs
+
+
+def paired(runs, measure):
+    """(median armed, median off, median of the paired differences, their quartiles) of ``measure(run)``."""
+    armed = [measure(run) for run in runs["armed"]]
+    off = [measure(run) for run in runs["off"]]
+    diffs = [a - o for a, o in zip(armed, off)]
+    return statistics.median(armed), statistics.median(off), statistics.median(diffs), quartiles(diffs)
+
+
+def print_loop(name, cfg, runs):
+    """Print one loop's figures; return 1 when its goal is not met, else 0."""
+    checks = expected_checks(cfg["steps"], cfg["every"])
+    later = checks - 2  # the first step holds two: before and after its update
+    whole = paired(runs, lambda run: run[0] + run[1])
+    first = paired(runs, lambda run: run[0])
+    rest = paired(runs, lambda run: run[1])
+    fingerprint = statistics.median(r["fingerprint_ms"] for _, _, r in runs["armed"] + runs["off"])
+    worker_cpu = statistics.median(r["worker_cpu_s"] for _, _, r in runs["armed"]) / checks
+    train = paired(runs, lambda run: run[2]["train_cpu_s"])[2] / max(later, 1)
+    goal = fingerprint + 1e3 * ROOM
+    added = 1e3 * whole[2] / checks
+    met = added <= goal
+    print("%s: %s params, batch %d, %d steps, a check every %d (%d checks), %d pairs" % (
+        name, format(runs["armed"][0][2]["params"], ","), cfg["batch"], cfg["steps"], cfg["every"], checks,
+        len(runs["armed"])))
+    print("  loop (medians)    armed %9.3f s   off %9.3f s   a step off %8.3f ms" % (
+        whole[0], whole[1], 1e3 * whole[1] / cfg["steps"]))
+    print("  per check         added %+8.2f ms (paired median; IQR %+.2f .. %+.2f)   fingerprint %7.2f ms" % (
+        added, 1e3 * whole[3][0] / checks, 1e3 * whole[3][1] / checks, fingerprint))
+    print("  first step        added %+8.2f ms (its 2 checks: the first makes the layout, worker and group)" % (
+        1e3 * first[2]))
+    if later > 0:
+        print("  each later check  added %+8.2f ms (IQR %+.2f .. %+.2f)" % (
+            1e3 * rest[2] / later, 1e3 * rest[3][0] / later, 1e3 * rest[3][1] / later))
+    print("  CPU per check     training thread %+7.2f ms (later checks)   check's worker thread %6.2f ms" % (
+        1e3 * train, 1e3 * worker_cpu))
+    print("  goal: added per check <= fingerprint + %.0f ms = %.2f ms: %s" % (
+        1e3 * ROOM, goal, "met" if met else "NOT met"))
+    return 0 if met else 1
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rank", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--loops", default=",".join(LOOPS), help="comma-separated, of: %s" % ", ".join(LOOPS))
+    parser.add_argument("--pairs", type=int, default=None, help="ABBA pairs of runs per loop (default: %s)"
+                        % ", ".join("%s %d" % item for item in PAIRS.items()))
+    parser.add_argument("--smoke", action="store_true", help="1 pair of 30 steps of small models: the script works")
+    args = parser.parse_args()
+    if args.rank:
+        rank, port, cfg = args.rank
+        return rank_main(int(rank), int(port), json.loads(cfg))
+    names = [n.strip() for n in args.loops.split(",") if n.strip()]
+    if not names or any(n not in LOOPS for n in names):
+        parser.error("--loops: %s; give some of %s" % (args.loops, ", ".join(LOOPS)))
+    if args.pairs is not None and args.pairs < 1:
+        parser.error("--pairs: %d; give 1 or more" % args.pairs)
+    print("%s; 2 gloo ranks, 1 thread each; load average %s" % (
+        time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), " ".join("%.1f" % v for v in os.getloadavg())),
+        flush=True)
+    missed = 0
+    for name in names:
+        cfg = dict(LOOPS[name])
+        pairs = args.pairs or PAIRS[name]
+        if args.smoke:  # seconds, not minutes: a small model in place of the large one
+            cfg.update(steps=30, widths=LOOPS["small"]["widths"], batch=LOOPS["small"]["batch"],
+                       every=min(cfg["every"], 10))
+            pairs = 1
+        missed += print_loop(name, cfg, measure(name, cfg, pairs))
+    print("load average at the end %s" % " ".join("%.1f" % v for v in os.getloadavg()))
+    print("every goal met" if not missed else "%d goal(s) not met" % missed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The agreement waits for the other ranks by blocking on the store, not by polling it: its store calls per check
+are as many when the other rank comes late as when it comes at once (a poll's every wake-up takes the
+interpreter lock from the training thread). Twin: the polling shape (a torch whose timed-out wait breaks the
+store) makes more calls the longer it waits. And the worker's last rank in votes as it arrives."""
+import collections
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="SyncCheck's agreement runs over a torch store: no torch here")
+dist = pytest.importorskip("torch.distributed")
+
+from tpu_closure_fix.synccheck import comm, compare, worker  # noqa: E402
+
+#: Seconds the other rank comes after this one: at once, and late.
+LATE = (0.0, 0.6)
+#: Store calls of one rank's agreement when it comes first and blocks: count in, wait, read the vote.
+BLOCKING_CALLS = 3
+
+
+class CountingStore(object):
+    """torch's in-memory store, counting the calls each thread makes."""
+
+    def __init__(self):
+        self.store, self.calls = dist.HashStore(), collections.Counter()
+
+    def __getattr__(self, name):
+        method = getattr(self.store, name)
+
+        def call(*args):
+            self.calls[threading.current_thread().name] += 1
+            return method(*args)
+        return call
+
+
+class Channel(comm._StoreChannel):
+    def __init__(self, store, rank, size=2, timeout=30):
+        super(Channel, self).__init__(rank, size, timeout)
+        self.store = store
+
+    def _store(self):
+        return self.store
+
+
+def _agree_with_a_late_rank(late):
+    """Rank 0 agrees on this thread; rank 1 counts itself in ``late`` seconds after. (rank 0's store calls,
+    both answers)."""
+    store = CountingStore()
+    answers = {}
+
+    def other():
+        time.sleep(late)
+        answers[1] = Channel(store, 1).agree("api/1")
+
+    thread = threading.Thread(target=other, name="rank 1")
+    thread.start()
+    answers[0] = Channel(store, 0).agree("api/1")
+    thread.join(30)
+    return store.calls[threading.current_thread().name], answers
+
+
+@pytest.mark.parametrize("late", LATE)
+def test_the_agreement_blocks_on_the_store_however_long_the_other_rank_takes(monkeypatch, late):
+    monkeypatch.setattr(comm, "blocking_wait_safe", lambda: True)
+    calls, answers = _agree_with_a_late_rank(late)
+    assert answers == {0: True, 1: True}
+    assert calls <= BLOCKING_CALLS
+
+
+@pytest.mark.parametrize("late", LATE[1:])
+def test_twin_polling_the_count_makes_more_calls_the_longer_it_waits(monkeypatch, late):
+    monkeypatch.setattr(comm, "blocking_wait_safe", lambda: False)  # the shape a torch 1.x store needs
+    calls, answers = _agree_with_a_late_rank(late)
+    assert answers == {0: True, 1: True}
+    assert calls > BLOCKING_CALLS
+
+
+def test_a_rank_that_never_comes_is_voted_out_at_the_deadline_and_the_store_still_serves(monkeypatch):
+    monkeypatch.setattr(comm, "blocking_wait_safe", lambda: True)
+    store = CountingStore()
+    assert Channel(store, 0, timeout=1).agree("api/7") is False
+    assert store.add("after", 1) == 1 and store.get(comm.KEY_PREFIX + "api/7/decision") == b"abort"
+
+
+@pytest.mark.parametrize("version, safe", [("2.13.0+cpu", True), ("2.9.0+cu128", True), ("2.10.0a0+git", True),
+                                           ("2.8.1", False), ("1.13.1", False), ("garbage", False)])
+def test_a_blocking_wait_is_used_only_where_a_timed_out_one_leaves_the_store_usable(version, safe):
+    assert comm.blocking_wait_safe(version) is safe
+
+
+# --------------------------------------------------------------------------- the worker's last rank in
+def _job(store, rank, name="A"):
+    torch.manual_seed(0)
+    channel = Channel(store, rank)
+    pending = compare.Pending(channel, compare.Stream(name), 1, name + "/0", None, None, None)
+    return worker.Job(pending, lambda *a: None, lambda *a: None)
+
+
+@pytest.mark.parametrize("last", [True, False])
+def test_the_worker_of_the_last_rank_in_votes_as_it_arrives(last):
+    """The rank whose count completes the check votes "go" at once (no poll for a count after it); a rank
+    before it leaves the check open. Twin: the rank before the last."""
+    store = CountingStore()
+    if last:
+        store.add(comm.KEY_PREFIX + "A/0/arrived", 1)  # the other rank came first
+    arriving = worker.Worker()
+    job = _job(store, 0)
+    arriving._arrive(job)
+    assert job.decision == ("go" if last else None)
+    assert store.get(comm.KEY_PREFIX + "A/0/decision") == b"go" if last else not store.check(
+        [comm.KEY_PREFIX + "A/0/decision"])

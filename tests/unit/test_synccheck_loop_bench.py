@@ -1,0 +1,71 @@
+"""benchmarks/synccheck_loop.py: its count of checks follows the check's schedule, its arms are checked for what
+they stand for, its goal is read per check against the fingerprint plus 1 ms, and its smoke run prints each
+loop's lines (no timing is asserted)."""
+import subprocess
+import sys
+
+import pytest
+
+from support import benchmark_module  # noqa: E402
+
+REPO = benchmark_module.REPO
+PATH = benchmark_module.path("synccheck_loop")
+bench = benchmark_module.load("synccheck_loop")
+
+
+@pytest.mark.parametrize("steps, every, checks", [(300, 5, 62), (200, 100, 4), (30, 5, 8), (1, 5, 2), (4, 1, 5)])
+def test_the_checks_counted_are_the_schedule_s(steps, every, checks):
+    # before the first update, after it, then at every multiple of every
+    assert bench.expected_checks(steps, every) == checks
+
+
+def _result(checks, outcome="identical", every=5):
+    return {"armed_every": every, "checks": checks, "outcome": outcome, "fingerprint_ms": 1.0, "worker_cpu_s": 0.01,
+            "train_cpu_s": 1.0, "params": 100}
+
+
+def test_an_off_run_that_checked_or_an_armed_run_that_missed_checks_stops_the_run():
+    cfg = {"steps": 30, "every": 5}
+    with pytest.raises(SystemExit, match="'off' run ran the check"):
+        bench.check_arm("off", cfg, _result(3))
+    with pytest.raises(SystemExit, match="delivered 7 checks \\(want 8\\)"):
+        bench.check_arm("armed", cfg, _result(7))
+    with pytest.raises(SystemExit, match="the last diverged"):
+        bench.check_arm("armed", cfg, _result(8, "diverged"))
+    bench.check_arm("off", cfg, _result(0, None, every=0))
+    bench.check_arm("armed", cfg, _result(8))
+
+
+@pytest.mark.parametrize("added_s, met", [(0.0015, True), (0.0025, False)])
+def test_the_goal_is_the_fingerprint_plus_1_ms_per_check(capsys, added_s, met):
+    """1.5 ms added per check is within the fingerprint (1 ms) plus 1 ms; 2.5 ms is not."""
+    cfg = {"steps": 20, "every": 2, "batch": 1}  # 11 checks; the fingerprint 1 ms: the goal 2 ms per check
+    runs = {"armed": [(0.0, 1.0 + 11 * added_s, _result(11))] * 3,
+            "off": [(0.0, 1.0, _result(0, None, 0))] * 3}
+    assert bench.print_loop("t", cfg, runs) == (0 if met else 1)
+    assert ("goal: added per check <= fingerprint + 1 ms = 2.00 ms: %s" % ("met" if met else "NOT met")
+            in capsys.readouterr().out)
+
+
+@pytest.mark.slow
+def test_the_smoke_run_prints_each_loop_in_lines_of_at_most_120_columns():
+    pytest.importorskip("torch", reason="the benchmark trains a torch model: no torch here")
+    from support import features
+
+    if not features.has_step_hooks():
+        pytest.skip(features.needs_step_hooks().kwargs["reason"])  # its armed arm is the zero-code check
+    proc = subprocess.run([sys.executable, PATH, "--smoke"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    lines = proc.stdout.splitlines()
+    assert all(len(line) <= 120 for line in lines), [line for line in lines if len(line) > 120]
+    for name in bench.LOOPS:
+        assert any(line.startswith(name + ": ") for line in lines), name
+    assert sum(line.startswith("  goal: added per check <= fingerprint + 1 ms") for line in lines) == len(bench.LOOPS)
+    assert lines[-1] in ["every goal met"] + ["%d goal(s) not met" % n for n in range(1, len(bench.LOOPS) + 1)]
+
+
+def test_bad_counts_are_refused_naming_the_option():
+    proc = subprocess.run([sys.executable, PATH, "--pairs", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          universal_newlines=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2 and "--pairs: 0; give 1 or more" in proc.stderr
