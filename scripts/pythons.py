@@ -65,6 +65,14 @@ PLANS = {
                          ("accelerate==1.15.0", ("test_accelerate.py",)))},
 }
 STAMP_FORMAT = 1
+#: Unit test modules the base interpreter alone runs, as it runs the four-or-more-process cases (marked many_ranks):
+#: jobs of gloo replica processes whose layouts, reports and channels run the same code on every interpreter, and
+#: the benchmarks' smoke runs. What a job does at its ends, where interpreters differ (exit hooks, a forked child's
+#: os._exit, SIGTERM, the worker thread at shutdown), is in test_synccheck_word.py and test_synccheck_threads.py,
+#: which every interpreter with torch runs.
+BASE_ONLY = ("test_synccheck_pod.py", "test_synccheck_layouts.py", "test_synccheck_replicas.py",
+             "test_synccheck_host_threads.py", "test_synccheck_host_jobs.py", "test_synccheck_anchors_bench.py",
+             "test_synccheck_probe_wall_bench.py", "test_synccheck_loop_bench.py")
 
 
 def log(message):
@@ -268,9 +276,9 @@ def main(argv=None):
             if not ready or args.action == "build":
                 continue
             unit = os.path.join(results, junit_name(minor, "unit"))
-            # the four-or-more-process cases (layouts, report counts at scale) run in the base interpreter
-            ok = run_pytest(minor, ["tests/unit", "--ignore=tests/unit/test_properties.py", "-m", "not many_ranks"],
-                            unit, base_env(), "tests/unit") and ok
+            ignored = ["--ignore=tests/unit/%s" % module for module in ("test_properties.py",) + BASE_ONLY]
+            ok = run_pytest(minor, ["tests/unit"] + ignored + ["-m", "not many_ranks"], unit, base_env(),
+                            "tests/unit") and ok
             ok = run_targets(minor, results) and ok
     finally:
         shutil.rmtree(wheel_folder, ignore_errors=True)
