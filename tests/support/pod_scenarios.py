@@ -1008,6 +1008,59 @@ def guarded(ctx):
     ctx.result["checks"] = hook.seen["checks"]
 
 
+def _refuse_walks(ctx):
+    """From here on a scan of the live objects fails: ``gc.get_objects`` raises (``result["walks"]`` counts the
+    attempts). SyncCheck reads its evidence from what was recorded and what the stack holds, never from a scan."""
+    import gc
+
+    ctx.result["walks"] = 0
+
+    def refused(*args, **kwargs):
+        ctx.result["walks"] += 1
+        raise RuntimeError("gc.get_objects() called: a scan of every live object")
+
+    gc.get_objects = refused
+
+
+def ddp_recorded(ctx):
+    """(ff) Every scan of the live objects refused (``gc.get_objects`` raises): DDP on a group of this rank alone
+    ({0} and {1}) and DDP over the world, beside a bare model, each rank training on its own data for 3 steps (the
+    zero-code check runs when armed). ``compare_replicas`` of the inner module of each DDP (known to the check only
+    from the DDP's construction), of the DDP itself and of the bare model. ``--variant late`` (the twin): the DDP
+    modules are made before SyncCheck is first imported, so their construction is not recorded."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    _refuse_walks(ctx)
+    alone = [dist.new_group([rank]) for rank in range(ctx.world)]
+    if ctx.variant != "late":
+        from tpu_closure_fix import compare_replicas  # the first import of SyncCheck: recording starts
+    ctx.result["imported_before_ddp"] = "tpu_closure_fix.synccheck" in sys.modules
+    model = DistributedDataParallel(make_model(0), process_group=alone[ctx.rank])
+    world_model = DistributedDataParallel(make_model(0))
+    from tpu_closure_fix import compare_replicas  # noqa: F811  (late: the first import, after the DDP modules)
+
+    bare = make_model(0)
+    models = (model, world_model, bare)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+    for step in range(1, 4):
+        for m, optimizer in zip(models, optimizers):
+            train_step(m, optimizer, *batch(ctx.rank, step), reduce=False, world=ctx.world)
+    ctx.keep(compare_replicas(model.module), "alone")
+    ctx.keep(compare_replicas(model), "alone-given")
+    ctx.keep(compare_replicas(world_model.module), "world")
+    ctx.keep(compare_replicas(bare), "bare")
+    _drain(60)
+    hook = sys.modules.get("tpu_closure_fix.synccheck.hook")
+    streams = hook._counts if hook is not None else {}
+    for case, optimizer in zip(("alone", "world", "bare"), optimizers):
+        if id(optimizer) in streams:
+            stream = streams[id(optimizer)][0]
+            ctx.result[case + "-stream"] = {"checks": stream.checks, "stood_down": stream.stood_down,
+                                            "paths": (getattr(stream, "module_paths", None) or [None])[0]}
+
+
 SCENARIOS = {"fabric-ddp": fabric_ddp, "trainer-ddp": trainer_ddp,
              "pipeline": pipeline, "zero": zero, "ddp-groups": ddp_groups, "fsdp2": fsdp2, "scale": scale,
              "kinds": kinds, "gan": gan, "probe": probe, "endurance": endurance, "probe-optimizer": probe_optimizer,
@@ -1016,7 +1069,7 @@ SCENARIOS = {"fabric-ddp": fabric_ddp, "trainer-ddp": trainer_ddp,
              "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,
              "killed": killed, "four": four, "fsdp": fsdp, "local-scale": local_scale, "epochs": epochs,
              "apart-3000": apart_3000, "plain-check-sync": plain_check_sync, "muted": muted, "repeat": repeat,
-             "ends-first": ends_first, "sigterm": sigterm, "guarded": guarded}
+             "ends-first": ends_first, "sigterm": sigterm, "guarded": guarded, "ddp-recorded": ddp_recorded}
 
 
 def _drain(seconds):

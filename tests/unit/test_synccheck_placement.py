@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
 
-from tpu_closure_fix.synccheck import groups  # noqa: E402
+from tpu_closure_fix.synccheck import evidence, groups  # noqa: E402
 
 
 def handle(strategy, shards, index):
@@ -122,15 +122,29 @@ def test_fsdp_handles_looks_only_when_a_tensor_carries_the_mark():
     assert groups.fsdp_handles([("w", torch.zeros(2))]) == {}
 
 
+def _recording(name, kind):
+    """A stand-in class ``name`` whose instances are recorded at construction as SyncCheck records FSDP's and
+    DDP's (:func:`evidence.wrap`)."""
+    cls = type(name, (object,), {})
+    evidence.wrap(cls, kind)
+    return cls
+
+
 def test_fsdp_handles_finds_the_handle_of_a_flat_parameter_and_of_a_view_into_it():
     flat_param = flat(_fsdp_flattened=True)
     view = flat(_fsdp_flattened=True)
     flat_param._params = [view]
-    FlatParamHandle = type("FlatParamHandle", (object,), {})
-    held = FlatParamHandle()
+    held = _recording("FlatParamHandle", "handle")()
     held.flat_param = flat_param
     found = groups.fsdp_handles([("flat", flat_param), ("view", view), ("other", torch.zeros(1))])
     assert found == {id(flat_param): (held, None), id(view): (held, None)}
+
+
+def test_twin_a_handle_made_before_the_recording_is_not_found():
+    flat_param = flat(_fsdp_flattened=True)
+    held = type("FlatParamHandle", (object,), {})()  # alive, but never recorded: no walk of the live objects
+    held.flat_param = flat_param
+    assert groups.fsdp_handles([("flat", flat_param)]) == {}
 
 
 # ---- what cannot be fingerprinted: listed, never an exception ---------------------------------------------
@@ -252,20 +266,28 @@ def test_the_declaration_of_this_rank(replicas, rank, declared):
     assert groups.declaration(replicas, rank) == declared
 
 
-def test_ddp_groups_finds_the_parameters_of_a_live_ddp_module(monkeypatch):
+def _subgroup_ddp(cls, monkeypatch):
+    """An instance of ``cls`` standing for a DDP module on the subgroup of ranks {2, 3} of a world of 4."""
     import sys
 
-    DistributedDataParallel = type("DistributedDataParallel", (object,), {})
-    ddp = DistributedDataParallel()
+    ddp = cls()
     ddp.module, ddp.process_group = torch.nn.Linear(2, 2), "subgroup"
     dist = types.SimpleNamespace(get_process_group_ranks=lambda g: [3, 2] if g == "subgroup" else [],
                                  get_world_size=lambda: 4)
-    monkeypatch.setitem(sys.modules, "torch.nn.parallel.distributed",
-                        types.SimpleNamespace(DistributedDataParallel=DistributedDataParallel))
     monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    return ddp
+
+
+def test_ddp_groups_finds_the_parameters_of_a_ddp_module_recorded_at_its_construction(monkeypatch):
+    ddp = _subgroup_ddp(_recording("DistributedDataParallel", "ddp"), monkeypatch)
     other = torch.zeros(1)
     found = groups.ddp_groups([("w", ddp.module.weight), ("o", other)])
     assert found == {id(ddp.module.weight): (2, 3)}
+
+
+def test_twin_a_ddp_module_made_before_the_recording_is_not_found(monkeypatch):
+    ddp = _subgroup_ddp(type("DistributedDataParallel", (object,), {}), monkeypatch)
+    assert groups.ddp_groups([("w", ddp.module.weight)]) == {}
 
 
 # ---- the replicas of xm.optimizer_step ----------------------------------------------------------------------

@@ -6,7 +6,8 @@ The check's parts, one module each:
   and its value sums, folded into one fixed-length vector per replica;
 * over which replicas -- :mod:`.groups`: each tensor over the ranks that must hold it equal (the whole
   world; a DTensor's Replicate mesh dimensions; neuronx-distributed's data-parallel groups; flat FSDP
-  shards are not compared); :mod:`.decisions`: what the zero-code check's first look decided per tensor,
+  shards are not compared; a DDP module's process group); :mod:`.evidence`: the DDP and FSDP modules,
+  recorded when they are made; :mod:`.decisions`: what the zero-code check's first look decided per tensor,
   kept with the tensor for its life;
 * how the replicas exchange it -- :mod:`.comm`: a gloo group of the check's own, entered only when every
   rank agreed it reached the check, through the process group's store or, on XLA without a process group,
@@ -21,6 +22,7 @@ The check's parts, one module each:
 Importing this package imports neither torch nor Lightning; docs/synccheck.md has the guarantees and
 the measured cost.
 """
+from . import evidence as _evidence
 from .callback import SyncCheck
 from .compare import DEFAULT_EVERY, DEFAULT_TOLERANCE, ON_DIVERGENCE, check_sync, compare_replicas
 from .report import DIVERGED_OUTCOMES, NAMES_IN_MESSAGE, OUTCOMES, ReplicaDivergenceError, SyncReport
@@ -28,3 +30,7 @@ from .report import DIVERGED_OUTCOMES, NAMES_IN_MESSAGE, OUTCOMES, ReplicaDiverg
 __all__ = ["SyncCheck", "check_sync", "compare_replicas", "ReplicaDivergenceError", "SyncReport",
            "DEFAULT_EVERY", "DEFAULT_TOLERANCE", "ON_DIVERGENCE", "OUTCOMES", "DIVERGED_OUTCOMES",
            "NAMES_IN_MESSAGE"]
+
+# From the first import on, the DDP and FSDP modules made are recorded as layout evidence (weakly, at their
+# construction): the checks never scan the live objects for them.
+_evidence.watch()

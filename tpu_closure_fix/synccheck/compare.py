@@ -8,7 +8,7 @@ agree that all of them reached this check (:mod:`.comm`).
 """
 import weakref
 
-from . import comm, decisions, fingerprint, groups
+from . import comm, decisions, evidence, fingerprint, groups
 from .report import SyncReport, act
 
 DEFAULT_EVERY = 100
@@ -47,7 +47,7 @@ class Stream(object):
         self.said = None
         #: ({listed name: module path}, {holding modules' classes}) of the zero-code check's optimizer, or None
         self.module_paths = None
-        self._ddp = None  # (ids of the listed tensors, their DDP groups): one search of the live objects
+        self._ddp = None  # (ids of the listed tensors, their DDP groups): read once per list of tensors
 
     def layout(self, named, channel):
         """The :class:`groups.Layout` of ``named`` for a check over ``channel``, from every piece of
@@ -154,6 +154,7 @@ def prepare(obj, step, stream, barrier=None, channel=None):
         return None
     stream.issued += 1
     barrier = barrier or "%s/%d" % (stream.key, stream.issued - 1)
+    evidence.note(obj)  # a DDP / FSDP module given to the check is evidence of its layout, whenever it was made
     error, layout = None, None
     with torch.no_grad():
         try:

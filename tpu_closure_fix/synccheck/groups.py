@@ -17,15 +17,16 @@ The rules, the same in the zero-code hook, the Lightning callback, ``check_sync`
    its data-parallel replica group (``get_data_parallel_replica_groups``), never across tensor- or
    pipeline-parallel ranks.
 3. FSDP1 (its ``FlatParameter`` and, with ``use_orig_params``, the original parameters viewing into it,
-   both marked ``_fsdp_flattened``), read from the ``FlatParamHandle`` that owns the tensor:
+   both marked ``_fsdp_flattened``), read from the ``FlatParamHandle`` that owns the tensor (the handles and
+   FSDP modules are recorded when they are made, :mod:`.evidence`):
    ``HYBRID_SHARD`` over the ranks holding the same shard index (its inter-node replica group: the ranks
    whose gradients FSDP all-reduces for that shard); ``NO_SHARD`` over the whole world (every rank holds
    it all) -- both only when the FSDP module spans the whole world; ``FULL_SHARD`` / ``SHARD_GRAD_OP``,
    FSDP on a subgroup, torch_xla FSDP shards (``_is_sharded``) and a flat tensor whose handle is not
    found: listed as not compared, with the reason.
-4. ``DistributedDataParallel``: the parameters of a live DDP module over the ranks of its
-   ``process_group`` (``torch.distributed.get_process_group_ranks``): DDP on subgroups {0, 1} and {2, 3} is
-   compared within each subgroup, never across them.
+4. ``DistributedDataParallel``: the parameters of a live DDP module (recorded when it was made,
+   :mod:`.evidence`) over the ranks of its ``process_group`` (``torch.distributed.get_process_group_ranks``):
+   DDP on subgroups {0, 1} and {2, 3} is compared within each subgroup, never across them.
 5. The user's declaration (``replicas=`` of ``SyncCheck`` / ``check_sync`` / ``compare_replicas``,
    ``TPU_CLOSURE_FIX_SYNC_CHECK_GROUP`` for the zero-code check): ``"world"``, a process group or a list of
    rank lists. Calling ``SyncCheck`` / ``check_sync`` / ``compare_replicas`` is itself a declaration: under
@@ -108,24 +109,20 @@ def shape_on_every_rank(tensor):
 def fsdp_handles(named):
     """``{id(tensor): (FlatParamHandle, replicas)}`` for the FSDP1 tensors of ``named``: their flat parameter
     or an original parameter viewing into it; ``replicas``: the size of the inter-node replica group of the
-    FSDP module holding the handle (``HYBRID_SHARD``), or None. A tensor does not point to its handle, so the
-    live objects are searched, only when some listed tensor carries FSDP's mark (one pass of
-    ``gc.get_objects()``)."""
+    FSDP module holding the handle (``HYBRID_SHARD``), or None. A tensor does not point to its handle: the
+    handles and FSDP modules recorded at their construction (:mod:`.evidence`) are read, only when some listed
+    tensor carries FSDP's mark."""
     wanted = {id(t) for _, t in named if getattr(t, "_fsdp_flattened", False)}
     if not wanted:
         return {}
-    import gc
+    from . import evidence
 
     found, inter = {}, {}
-    for obj in gc.get_objects():
-        kind = type(obj).__name__
-        if kind == "FullyShardedDataParallel":
-            state = getattr(obj, "__dict__", {})
-            if state.get("_handle") is not None and state.get("_inter_node_pg") is not None:
-                inter[id(state["_handle"])] = state["_inter_node_pg"]
-            continue
-        if kind != "FlatParamHandle":
-            continue
+    for obj in evidence.made("fsdp"):
+        state = getattr(obj, "__dict__", {})
+        if state.get("_handle") is not None and state.get("_inter_node_pg") is not None:
+            inter[id(state["_handle"])] = state["_inter_node_pg"]
+    for obj in evidence.made("handle"):
         flat = getattr(obj, "flat_param", None)
         if flat is None:
             continue
@@ -308,18 +305,16 @@ def step_replicas_declaration(declared, kind, size, xla_size):
 
 def ddp_groups(named):
     """``{id(tensor): ranks}`` for the tensors of ``named`` that a live ``DistributedDataParallel`` module
-    holds: the ranks of its process group (one pass of ``gc.get_objects()``; nothing when DDP is not loaded)."""
-    ddp = getattr(sys.modules.get("torch.nn.parallel.distributed"), "DistributedDataParallel", None)
+    holds: the ranks of its process group. The DDP modules are those recorded at their construction
+    (:mod:`.evidence`); nothing when torch.distributed is not loaded."""
     dist = sys.modules.get("torch.distributed")
-    if ddp is None or dist is None or not named:
+    if dist is None or not named:
         return {}
-    import gc
+    from . import evidence
 
     wanted = {id(t) for _, t in named}
     found = {}
-    for obj in gc.get_objects():
-        if not issubclass(type(obj), ddp):  # type(): isinstance would read __class__ of every live object
-            continue
+    for obj in evidence.made("ddp"):
         try:
             group = getattr(obj, "process_group", None)
             ranks = tuple(sorted(int(r) for r in dist.get_process_group_ranks(group))) if group is not None \

@@ -32,8 +32,9 @@ transfer) and goes on; the agreement, the exchange, the verdict and the report r
 ranks agreed on. A process of world size 1 only counts. Replicas that are threads of one process (torch_xla's
 PJRT on CPU, TPU v2/v3) each count and name their optimizers on their own.
 
-Reports name tensors by module path (``encoder.layers.3.weight``), found among the live modules holding
-the optimizer's parameters when something is reported. A failure inside the hook (anything but the
+Reports name tensors by module path (``encoder.layers.3.weight``), read at each optimizer's first check from the
+modules in reach of its step (the stack's local variables) and the DDP / FSDP modules recorded when they were made
+(:mod:`.evidence`); never by scanning the live objects. A failure inside the hook (anything but the
 divergence itself) is warned about once, disarms the check, and leaves training running.
 """
 import atexit
@@ -47,7 +48,7 @@ import weakref
 from .. import settings
 from ..config import GROUP_VAR, ON_DIVERGENCE_VAR, PORT_VAR, SYNC_CHECK_VAR, TIMEOUT_VAR
 from ..settings import DEFAULT_ACTION, DEFAULT_GROUP
-from . import comm, compare, report as reports  # none imports torch: this module is loaded only when armed
+from . import comm, compare, evidence, report as reports  # none imports torch: loaded only when armed
 from .report import ReplicaDivergenceError
 #: The torch module whose global hook registry arms the check.
 TORCH_OPTIMIZER = "torch.optim.optimizer"
@@ -90,6 +91,7 @@ def arm_from_environment(environ=None):
 def arm(every, action=DEFAULT_ACTION, replicas=DEFAULT_GROUP):
     """Check every ``every`` optimizer steps from now on; the hooks go in when torch.optim is imported."""
     _armed["every"], _armed["action"], _armed["replicas"] = every, action, replicas
+    evidence.watch()  # the DDP / FSDP modules the job makes from now on are its layout evidence
     module = sys.modules.get(TORCH_OPTIMIZER)
     if module is not None:
         _register(module)
@@ -434,8 +436,8 @@ def _label(optimizer, stream=None):
 
 def _module_paths(optimizer, stream=None):
     """({``param_groups[g][i]``: module path}, {class names of the modules naming them}): the module holding
-    most parameters (the model itself) names each parameter. Kept on ``stream`` for its later reports: a
-    search of the live objects once per optimizer, not at every check that says something."""
+    most parameters (the model itself) names each parameter. Kept on ``stream`` for its later reports: looked
+    for once per optimizer, at its first check, on the training thread (the stack holds the model then)."""
     paths = getattr(stream, "module_paths", None)
     if paths is None:
         paths = _search_module_paths(optimizer)
@@ -445,27 +447,15 @@ def _module_paths(optimizer, stream=None):
 
 
 def _search_module_paths(optimizer):
-    import gc
+    """The module paths of the optimizer's parameters, from the modules in reach of this thread's stack and the
+    DDP / FSDP modules recorded when they were made (:func:`.evidence.holders`); a parameter no such module
+    holds keeps its ``param_groups[g][i]`` name."""
+    from . import evidence
 
-    import torch
-
-    wanted = {id(p): name for name, p in _listed(optimizer)}
-    found = {}
-    module_class = torch.nn.Module
-    for obj in gc.get_objects():
-        # type(), not isinstance(): isinstance also reads obj.__class__, which some live objects answer with
-        # a FutureWarning (torch.distributed.reduce_op) that the user would see at every report
-        if not issubclass(type(obj), module_class):
-            continue
-        try:
-            named = list(obj.named_parameters())
-        except Exception:
-            continue
-        for name, p in named:  # the module holding most parameters (the model itself) names them
-            if id(p) in wanted and (id(p) not in found or len(named) > found[id(p)][1]):
-                found[id(p)] = (name, len(named), type(obj).__name__)
-    by_old = {wanted[i]: found[i][0] for i in found}
-    return by_old, {found[i][2] for i in found}
+    listed = _listed(optimizer)
+    found = evidence.holders([p for _, p in listed], sys._getframe(1))
+    by_old = {name: found[id(p)][0] for name, p in listed if id(p) in found}
+    return by_old, {found[id(p)][2] for _, p in listed if id(p) in found}
 
 
 def _listed(optimizer):
