@@ -1,0 +1,297 @@
+"""SyncCheck's layout evidence without a scan of the live objects (tpu_closure_fix/synccheck/evidence.py): the DDP
+and FSDP modules are recorded when they are made, module paths are read from the modules in reach of the step.
+
+In process, fast: with ``gc.get_objects`` refused (it raises) a first check still fingerprints, places a DDP
+module's parameters over its group and names tensors by module path; the first check's work, counted in Python
+calls (never timed), is the same with 300,000 more live objects. Each has its twin: a scan of the live objects,
+as the check made before, fails under the refusal and grows with the objects; a DDP or a model the check cannot
+reach is not known (the documented limit). Over 2 gloo ranks (tests/support/pod_scenarios.py ``ddp-recorded``):
+DDP on groups of one rank each is compared over its group, known only from its construction, with every scan
+refused; its twin makes the DDP modules before SyncCheck is first imported.
+"""
+import gc
+import sys
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
+
+from support import features, ranks  # noqa: E402
+from support.said import fresh, spoken  # noqa: E402
+from tpu_closure_fix import synccheck  # noqa: E402,F401  (SyncCheck imported: the recording has begun)
+from tpu_closure_fix.synccheck import comm, evidence, groups  # noqa: E402
+from tpu_closure_fix.synccheck import hook as synchook  # noqa: E402
+
+needs_step_hooks = features.needs_step_hooks()
+#: Live objects added for the count of the first check's work.
+MANY = 300000
+
+
+@pytest.fixture(autouse=True)
+def disarmed():
+    synchook.disarm()
+    fresh()
+    yield
+    synchook.disarm()
+    fresh()
+
+
+@pytest.fixture
+def refused(monkeypatch):
+    """Every scan of the live objects fails while the test runs; returns the list of attempts."""
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise RuntimeError("gc.get_objects() called: a scan of every live object")
+
+    monkeypatch.setattr(gc, "get_objects", refuse)
+    return attempts
+
+
+class DistributedChannel(comm.DistributedChannel):
+    """A process group's channel (rank 0 of 2) without a process group: the worker is replaced."""
+
+    def __init__(self, rank=0):
+        self.dist, self.rank, self.size, self.timeout = None, rank, 2, 5
+
+
+@pytest.fixture
+def handed(monkeypatch):
+    """Every check goes to a list instead of the worker thread (the training thread's part runs as in a job)."""
+    from tpu_closure_fix.synccheck import worker
+
+    jobs = []
+    channel = DistributedChannel()
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: channel)
+    monkeypatch.setattr(comm, "default_group_id", lambda: 1)
+    monkeypatch.setattr(worker, "stale", lambda group: False)
+    monkeypatch.setattr(worker, "submit", lambda job: jobs.append(job) or True)
+    return jobs
+
+
+def model_and_optimizer():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def step(optimizer):
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            p.grad = torch.ones_like(p)
+    optimizer.step()
+
+
+def scan_for_module_paths(optimizer):
+    """What the check did before: one pass over every live object for the modules holding the parameters."""
+    wanted = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    found = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.nn.Module):
+            for name, p in obj.named_parameters():
+                if id(p) in wanted:
+                    found[id(p)] = name
+    return found
+
+
+# --------------------------------------------------------------------------- no scan, the same decisions
+@needs_step_hooks
+def test_a_first_check_with_every_scan_refused_fingerprints_and_names_by_module_path(handed, refused):
+    synchook.arm(1, "warn")
+    model, optimizer = model_and_optimizer()
+    with spoken() as seen:
+        step(optimizer)  # the first check (before the update) and the one after step 1
+    assert [job.pending.step for job in handed] == [0, 1] and seen == [] and refused == []
+    assert handed[0].pending.error is None and handed[0].pending.layout.names == [
+        "param_groups[0][%d]" % i for i in range(4)]
+    differ = synccheck.SyncReport(1, 2, "torch.distributed", ["param_groups[0][0]", "param_groups[0][1]"],
+                                  outcome="differ", differing=[0], versions=[[0], [1]])
+    with spoken() as seen:
+        handed[1].deliver(differ, None)
+    said = seen[0].message
+    assert "'0.weight'" in said and "SGD over 0.weight, 0.bias, 2.weight, and 1 more (in Sequential)" in said, said
+
+
+def test_twin_a_scan_of_the_live_objects_fails_under_the_refusal(refused):
+    _, optimizer = model_and_optimizer()
+    with pytest.raises(RuntimeError, match="a scan of every live object"):
+        scan_for_module_paths(optimizer)
+    assert len(refused) == 1
+
+
+def _recorded_ddp(monkeypatch, recorded=True):
+    """A stand-in DDP module on the subgroup {2, 3} of a world of 4, made through a class that records its
+    instances as SyncCheck's wrapped DistributedDataParallel does (``recorded=False``: one that does not)."""
+    cls = type("DistributedDataParallel", (object,), {})
+    if recorded:
+        evidence.wrap(cls, "ddp")
+    ddp = cls()
+    ddp.module, ddp.process_group = torch.nn.Linear(2, 2), "subgroup"
+    monkeypatch.setitem(sys.modules, "torch.distributed", types.SimpleNamespace(
+        get_process_group_ranks=lambda g: [3, 2] if g == "subgroup" else [], get_world_size=lambda: 4))
+    return ddp
+
+
+def _placed(ddp):
+    named = [("w", ddp.module.weight), ("free", torch.zeros(3))]
+    layout = groups.Layout(named, 2, declared=groups.AUTO, ddp=groups.ddp_groups(named), world=4)
+    return [layout.spans[k] for k in range(2)], layout.undecided
+
+
+def test_a_ddp_module_recorded_at_construction_places_its_parameters_over_its_group(monkeypatch, refused):
+    spans, undecided = _placed(_recorded_ddp(monkeypatch))
+    # lanes: ("ranks", 4) one per lowest rank of a group, then ("world",); the free tensor decided at first look
+    assert spans == [(0, 4), (4, 1)] and undecided == frozenset([1]) and refused == []
+
+
+def test_twin_a_ddp_module_not_recorded_is_not_known_its_parameters_are_undecided(monkeypatch, refused):
+    spans, undecided = _placed(_recorded_ddp(monkeypatch, recorded=False))
+    assert spans == [(0, 1), (0, 1)] and undecided == frozenset([0, 1])
+
+
+def test_the_torch_classes_are_wrapped_with_their_signatures_kept():
+    import inspect
+
+    import wrapt
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
+
+    for cls in (DistributedDataParallel, FullyShardedDataParallel):
+        init = cls.__dict__["__init__"]
+        assert isinstance(init, wrapt.FunctionWrapper), cls
+        assert inspect.signature(init) == inspect.signature(init.__wrapped__)
+
+
+# --------------------------------------------------------------------------- module paths from the stack
+class Loop(object):
+    """A training loop as a class: the model is ``self.model``, one level below the stepping method's ``self``."""
+
+    def __init__(self):
+        self.model, self.optimizer = model_and_optimizer()
+
+    def paths(self):
+        return synchook._search_module_paths(self.optimizer)
+
+
+def test_a_model_held_by_the_stepping_method_s_object_names_the_parameters(refused):
+    by_old, holders = Loop().paths()
+    assert by_old == {"param_groups[0][0]": "0.weight", "param_groups[0][1]": "0.bias",
+                      "param_groups[0][2]": "2.weight", "param_groups[0][3]": "2.bias"}
+    assert holders == {"Sequential"} and refused == []
+
+
+_KEPT = {}
+
+
+def test_twin_a_model_out_of_reach_of_the_stack_names_nothing_the_positions_stay():
+    _KEPT["model"], optimizer = model_and_optimizer()  # alive, held by this module's globals alone
+    try:
+        assert synchook._search_module_paths(optimizer) == ({}, set())
+        assert len(scan_for_module_paths(optimizer)) == 4  # a scan would have found it
+    finally:
+        _KEPT.clear()
+
+
+# --------------------------------------------------------------------------- the first check's work
+class Leaf(object):
+    pass
+
+
+def _calls_of(fn, live):
+    """Python and builtin calls ``fn()`` makes, with ``live`` more live objects held meanwhile (collection off:
+    the count holds only what ``fn`` does)."""
+    held = [Leaf() for _ in range(live)]
+    calls = [0]
+
+    def count(frame, event, arg):
+        if event in ("call", "c_call"):
+            calls[0] += 1
+
+    gc.collect()
+    gc.disable()
+    sys.setprofile(count)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+        gc.enable()
+    del held
+    return calls[0]
+
+
+def _first_check():
+    _, optimizer = model_and_optimizer()
+    return lambda: step(optimizer)  # its first check and the check after step 1
+
+
+@needs_step_hooks
+def test_the_first_check_s_work_does_not_grow_with_the_live_objects(handed):
+    synchook.arm(1, "warn")
+    _calls_of(_first_check(), 0)  # the first optimizer of the process imports what the checks use
+    few, many = _calls_of(_first_check(), 0), _calls_of(_first_check(), MANY)
+    assert len(handed) == 6 and all(job.pending.error is None for job in handed)
+    assert many == few, (few, many)
+
+
+def test_twin_a_scan_of_the_live_objects_grows_with_them():
+    _, optimizer = model_and_optimizer()
+    few, many = (_calls_of(lambda: scan_for_module_paths(optimizer), live) for live in (0, MANY))
+    assert many - few >= MANY, (few, many)
+
+
+# --------------------------------------------------------------------------- 2 gloo ranks, every scan refused
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    return ranks.run_ranks("ddp-recorded", 2, tmp_path_factory.mktemp("recorded"),
+                           env={"TPU_CLOSURE_FIX_SYNC_CHECK": "1"})
+
+
+@pytest.fixture(scope="module")
+def late(tmp_path_factory):
+    return ranks.run_ranks("ddp-recorded", 2, tmp_path_factory.mktemp("late"), args=["--variant", "late"])
+
+
+def _by_case(run):
+    return {r["case"]: r for r in run.reports}
+
+
+ALONE = "no other rank holds it: its replica group is rank %d alone"
+
+
+@needs_step_hooks
+def test_a_ddp_job_is_checked_with_every_scan_refused_each_layout_decided(recorded):
+    ranks.assert_all_ok(recorded)
+    for run in recorded:
+        assert run.result["walks"] == 0 and run.result["imported_before_ddp"]
+        for case in ("alone", "world", "bare"):  # every zero-code check ran: none failed, none stood down
+            assert run.result[case + "-stream"]["checks"] == 4 and run.result[case + "-stream"]["stood_down"] is None
+        assert run.result["bare-stream"]["paths"]["param_groups[0][0]"] == "0.weight"
+        assert run.result["alone-stream"]["paths"]["param_groups[0][0]"] == "module.0.weight"
+    said = recorded[0].messages
+    assert len(said) == 2 and [run.messages for run in recorded[1:]] == [[]], said
+    assert "could not compare the replicas of SGD over module.0.weight" in said[0]
+    assert "(in DistributedDataParallel)" in said[0] and ALONE % 0 in said[0]
+    assert "SGD over 0.weight, 0.bias, 2.weight, and 1 more (in Sequential) differ bitwise" in said[1]
+
+
+def test_a_ddp_recorded_at_construction_is_compared_over_its_group(recorded):
+    for run in recorded:
+        cases = _by_case(run)
+        alone = cases["alone"]  # the inner module given: the DDP is known from its construction alone
+        assert alone["outcome"] == "unverified" and alone["differing"] == []
+        assert alone["not_compared"] == [[name, ALONE % run.rank] for name in ("0.weight", "0.bias", "2.weight",
+                                                                                "2.bias")]
+        assert cases["world"]["outcome"] == "identical"  # DDP over the world: its gradients all-reduced
+        assert cases["bare"]["outcome"] == "differ"  # no DDP: compared over the world
+
+
+def test_twin_a_ddp_made_before_synccheck_was_imported_is_not_known_unless_given(late):
+    ranks.assert_all_ok(late)
+    for run in late:
+        cases = _by_case(run)
+        assert not run.result["imported_before_ddp"] and run.result["walks"] == 0
+        assert cases["alone"]["outcome"] == "differ"  # compared over the world: a false difference (the limit)
+        given = cases["alone-given"]  # the DDP itself given to the check: recorded then
+        assert given["outcome"] == "unverified" and all(reason == ALONE % run.rank
+                                                         for _, reason in given["not_compared"])
