@@ -48,7 +48,7 @@ import weakref
 from .. import settings
 from ..config import GROUP_VAR, ON_DIVERGENCE_VAR, PORT_VAR, SYNC_CHECK_VAR, TIMEOUT_VAR
 from ..settings import DEFAULT_ACTION, DEFAULT_GROUP
-from . import comm, compare, evidence, report as reports  # none imports torch: loaded only when armed
+from . import comm, compare, report as reports  # none imports torch: this module is loaded only when armed
 from .report import ReplicaDivergenceError
 #: The torch module whose global hook registry arms the check.
 TORCH_OPTIMIZER = "torch.optim.optimizer"
@@ -91,7 +91,6 @@ def arm_from_environment(environ=None):
 def arm(every, action=DEFAULT_ACTION, replicas=DEFAULT_GROUP):
     """Check every ``every`` optimizer steps from now on; the hooks go in when torch.optim is imported."""
     _armed["every"], _armed["action"], _armed["replicas"] = every, action, replicas
-    evidence.watch()  # the DDP / FSDP modules the job makes from now on are its layout evidence
     module = sys.modules.get(TORCH_OPTIMIZER)
     if module is not None:
         _register(module)
