@@ -233,10 +233,7 @@ MAX_CALLS = 32
 def _user_calls():
     """``((filename, line), ...)`` of the frames on the training thread now that are the user's: outside torch,
     the frameworks, this package and Python's own library (whose lines are the same on every rank anyway)."""
-    import sysconfig
-
-    skipped = tuple(reports.library_dirs()) + tuple(
-        os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "platstdlib"))
+    skipped = tuple(reports.library_dirs()) + _python_library_dirs()
     calls, frame = [], sys._getframe(1)
     while frame is not None and len(calls) < MAX_CALLS:
         filename = frame.f_code.co_filename
@@ -244,6 +241,20 @@ def _user_calls():
             calls.append((filename, frame.f_lineno))
         frame = frame.f_back
     return tuple(calls)
+
+
+_python_dirs = []  # Python's own library folders: the same for the interpreter's life
+
+
+def _python_library_dirs():
+    """The folders of Python's own library, read once (``sysconfig.get_paths()`` costs about 0.4 ms a call: at
+    every new optimizer's first check it would hold the training thread that long)."""
+    if not _python_dirs:
+        import sysconfig
+
+        paths = sysconfig.get_paths()
+        _python_dirs.extend(os.path.abspath(paths[key]) + os.sep for key in ("stdlib", "platstdlib"))
+    return tuple(_python_dirs)
 
 
 _digests = {}  # (replica, digest) -> optimizers with that digest this replica named so far
