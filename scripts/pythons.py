@@ -72,7 +72,8 @@ STAMP_FORMAT = 1
 #: which every interpreter with torch runs.
 BASE_ONLY = ("test_synccheck_pod.py", "test_synccheck_layouts.py", "test_synccheck_replicas.py",
              "test_synccheck_host_threads.py", "test_synccheck_host_jobs.py", "test_synccheck_anchors_bench.py",
-             "test_synccheck_probe_wall_bench.py", "test_synccheck_loop_bench.py", "test_synccheck_first_check_bench.py")
+             "test_synccheck_probe_wall_bench.py", "test_synccheck_loop_bench.py",
+             "test_synccheck_first_check_bench.py")
 
 
 def log(message):
