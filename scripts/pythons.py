@@ -24,6 +24,7 @@ and junit_summary.py counts those skips as skips. Exit 1 when a build or a test 
 Python 3.8+, standard library only.
 """
 import argparse
+import concurrent.futures
 import glob
 import hashlib
 import json
@@ -65,6 +66,8 @@ PLANS = {
                          ("accelerate==1.15.0", ("test_accelerate.py",)))},
 }
 STAMP_FORMAT = 1
+#: venvs built at once (downloads and unpacking)
+BUILDERS = 2
 #: Unit test modules the base interpreter alone runs, as it runs the four-or-more-process cases (marked many_ranks):
 #: jobs of gloo replica processes whose layouts, reports and channels run the same code on every interpreter, and
 #: the benchmarks' smoke runs. What a job does at its ends, where interpreters differ (exit hooks, a forked child's
@@ -251,6 +254,22 @@ def interpreters():
     return found
 
 
+def _test_each(present, builds, args, results):
+    """Each interpreter's tests, in order, as soon as its venv is ready; True when every build and test passed."""
+    ok = True
+    for (minor, _, _), build in zip(present, builds):
+        ready = build.result()
+        ok = ok and ready
+        if not ready or args.action == "build":
+            continue
+        unit = os.path.join(results, junit_name(minor, "unit"))
+        ignored = ["--ignore=tests/unit/%s" % module for module in ("test_properties.py",) + BASE_ONLY]
+        ok = run_pytest(minor, ["tests/unit"] + ignored + ["-m", "not many_ranks"], unit, base_env(),
+                        "tests/unit") and ok
+        ok = run_targets(minor, results) and ok
+    return ok
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -271,16 +290,13 @@ def main(argv=None):
     try:
         wheel = build_wheel(wheel_folder)
         ok = wheel is not None
-        for minor, path, version in present:
-            ready = build_venv(minor, path, version) and wheel is not None and install_wheel(minor, wheel)
-            ok = ok and ready
-            if not ready or args.action == "build":
-                continue
-            unit = os.path.join(results, junit_name(minor, "unit"))
-            ignored = ["--ignore=tests/unit/%s" % module for module in ("test_properties.py",) + BASE_ONLY]
-            ok = run_pytest(minor, ["tests/unit"] + ignored + ["-m", "not many_ranks"], unit, base_env(),
-                            "tests/unit") and ok
-            ok = run_targets(minor, results) and ok
+        # Every venv is built from the start, two at a time, while the interpreters before it test: a build mostly
+        # waits on downloads, so building them one after the other left the lane idle for minutes.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=BUILDERS) as builders:
+            builds = [builders.submit(lambda m=minor, p=path, v=version: build_venv(m, p, v)
+                                      and wheel is not None and install_wheel(m, wheel))
+                      for minor, path, version in present]
+            ok = _test_each(present, builds, args, results) and ok
     finally:
         shutil.rmtree(wheel_folder, ignore_errors=True)
     absent = [minor for minor, path, _ in found if not path]

@@ -5,7 +5,7 @@
 #   3. the real-torch_xla tiers         (tests/xla, once per tier, each in its own venv:
 #                                        torch_xla 2.1 + pytorch-lightning 1.8.6, and
 #                                        torch_xla 2.9 + lightning-fabric/pytorch-lightning/lightning 2.6.6)
-#   4. every other CPython 3.8-3.13     (scripts/pythons.py: tests/unit in a venv per interpreter;
+#   4. every other CPython 3.8-3.13     (scripts/pythons.py: tests/unit in a venv per interpreter, built two at a time;
 #                                        pytorch-lightning 1.8.6 on 3.8, lightning-fabric 2.6.6 and
 #                                        accelerate 1.15.0 on 3.13)
 # and ends with one closing line 'N passed, N failed, N skipped' over all of them.
