@@ -26,8 +26,8 @@ def _disable(raw):
     return config.parse_disable(raw, integrations.NAMES)
 
 
-def _port(raw):
-    return comm.parse_port(raw, None)
+def _channel(raw):
+    return comm.parse_channel(raw)
 
 
 #: variable -> (its parser, what else the child's environment needs for the variable to be read, a bad value,
@@ -43,11 +43,12 @@ VARIABLES = {
                          "`export TPU_CLOSURE_FIX_SYNC_CHECK_GROUP=world`"),
     comm.TIMEOUT_VAR: (comm.parse_timeout, {config.SYNC_CHECK_VAR: "5"}, "soon",
                        "`unset TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`"),
-    comm.PORT_VAR: (_port, {config.SYNC_CHECK_VAR: "5"}, "any", "`unset TPU_CLOSURE_FIX_SYNC_CHECK_PORT`"),
+    comm.CHANNEL_VAR: (_channel, {config.SYNC_CHECK_VAR: "5"}, "any", "`unset TPU_CLOSURE_FIX_SYNC_CHECK_CHANNEL`"),
 }
 #: The sync check's variables: their bad values go out on its logger, which no warnings filter mutes (a bad
 #: ``..._ON_DIVERGENCE`` under ``-W ignore`` would silently leave ``warn``); the others are warnings.
-ON_THE_LOGGER = (config.SYNC_CHECK_VAR, synchook.ON_DIVERGENCE_VAR, synchook.GROUP_VAR, comm.TIMEOUT_VAR, comm.PORT_VAR)
+ON_THE_LOGGER = (config.SYNC_CHECK_VAR, synchook.ON_DIVERGENCE_VAR, synchook.GROUP_VAR, comm.TIMEOUT_VAR,
+                 comm.CHANNEL_VAR)
 #: Bad values of every kind a message quotes: a word, a huge value, one with spaces (wrapped at them), one of
 #: escaped non-ASCII characters (10 columns each, no space: cut), a line break.
 WIDE_VALUES = ["x" * 120000, "a rather long value " * 8, "\U0001f600" * 60, "-1\n", "0\u2003"]

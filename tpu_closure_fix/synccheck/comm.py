@@ -17,11 +17,13 @@ Picked at each check from the process's environment alone:
   (:mod:`.worker`), every pending check at once, so no training thread waits there.
 * torch_xla with a world size > 1 and no process group (``xmp.spawn``, Lightning's ``XLAStrategy``,
   accelerate on XLA): :class:`HostChannel`, the same agreement and the same gloo exchange on the host, over
-  a ``torch.distributed.TCPStore`` of the check's own (its server in one process, one connection per rank,
-  made lazily off the training thread) found the way torch_xla's ``xla://`` init method finds its master:
-  ``MASTER_ADDR``, else TPU worker 0's address on a TPU, else 127.0.0.1; on port
-  ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT``, else ``MASTER_PORT`` + 1 (12356 by default). The server is in the
-  process of ``process_index() == 0``. A
+  a ``torch.distributed.TCPStore`` of the check's own (one connection per rank, made lazily off the training
+  thread), found through the channel handed to the replicas in ``TPU_CLOSURE_FIX_SYNC_CHECK_CHANNEL``
+  (:func:`parse_channel`): the process that starts them (``xmp.spawn``, ``torch_xla.launch``) makes the store
+  on loopback at a port the kernel picks and hands its port and a per-job secret to its children
+  (:mod:`.launch`); across hosts the user sets the variable alike on every host and process 0 makes the store.
+  Every key carries the secret, and a replica joins only a store holding the job's mark: never a port derived
+  from another, never a store the job did not make; without a channel the check stands down saying why. A
   replica is a rank (``runtime.global_ordinal()``), also where the replicas are threads of one process
   (PJRT on CPU, TPU v2/v3): each has its own worker and gloo group. No XLA collective is ever issued, so a
   check one replica skips stands down instead of hanging the device.
@@ -30,6 +32,7 @@ Picked at each check from the process's environment alone:
 import os
 import sys
 import threading
+from collections import namedtuple
 
 #: Seconds a rank waits for the others to reach the same check (or for the check's collective) before
 #: it stands down; ``TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`` overrides it. Long enough for the first check
@@ -37,9 +40,17 @@ import threading
 DEFAULT_TIMEOUT = 300
 TIMEOUT_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT"
 KEY_PREFIX = "tpu_closure_fix/synccheck/"
-PORT_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK_PORT"
-#: torch_xla's ``xla://`` rendezvous port when ``MASTER_PORT`` is unset; the check's store takes the next one.
-DEFAULT_MASTER_PORT = 12355
+#: Where the replicas of a job without a process group find the check's own store, and the job's secret
+#: (:func:`parse_channel`): handed to them by the process that starts them, or set alike on every host.
+CHANNEL_VAR = "TPU_CLOSURE_FIX_SYNC_CHECK_CHANNEL"
+#: The last field of a channel whose store the process that started the replicas made (and serves).
+MADE = "made"
+#: The fewest hexadecimal digits of a job's secret (``secrets.token_hex(16)`` gives 32).
+SECRET_DIGITS = 32
+
+#: A channel handed to the replicas: its store's host and port, the job's secret (every key's prefix), and
+#: whether the process that started the replicas made it (else process 0 makes it).
+Channel = namedtuple("Channel", "host port secret made")
 
 _groups = {}  # (scope, user, rank) -> the check's own gloo group
 _made = {}  # (user, rank) -> the check's groups made for it in this process: each its own prefix of the store
@@ -94,23 +105,33 @@ def parse_timeout(raw):
                                                                                   TIMEOUT_VAR))
 
 
-def parse_port(raw, master_port=None):
-    """(port, problem) of the check's own store: ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT`` (``raw``) when it is a
-    port number, else ``MASTER_PORT`` + 1 (``master_port``: its raw value; unset or not a port: torch_xla's
-    default 12355, so 12356). ``problem``: the message for a bad ``raw``."""
+def parse_channel(raw):
+    """(:class:`Channel` or None, problem) of a raw value of ``TPU_CLOSURE_FIX_SYNC_CHECK_CHANNEL``:
+    ``HOST:PORT:SECRET``, where process 0 makes the check's store, or ``HOST:PORT:SECRET:made``, a store the
+    process that started the replicas already made (:func:`.launch.handing_over`). SECRET: at least
+    :data:`SECRET_DIGITS` hexadecimal digits. Unset or empty: (None, None), nothing handed over."""
     from ..config import ASCII_WHITESPACE, bad_value_message
 
-    fallback = _port_number(master_port)
-    fallback = (fallback if fallback is not None and fallback < 65535 else DEFAULT_MASTER_PORT) + 1
     value = "" if raw is None else raw.strip(ASCII_WHITESPACE)
     if value == "":
-        return fallback, None
-    port = _port_number(value)
-    if port is not None:
-        return port, None
-    return fallback, bad_value_message(
-        PORT_VAR, raw, "a TCP port number 1-65535 (ASCII digits, e.g. 12356), or unset (MASTER_PORT + 1)",
-        "Using %d." % fallback, "`unset %s` (port %d), or `export %s=12356`" % (PORT_VAR, fallback, PORT_VAR))
+        return None, None
+    fields = value.rsplit(":", 3)
+    made = len(fields) == 4 and fields[3] == MADE
+    host, port, secret = (fields[:3] if made else (value.rsplit(":", 2) + ["", "", ""])[:3])
+    host, port = host.strip("[]"), _port_number(port)
+    if host and port is not None and _is_secret(secret):
+        return Channel(host, port, secret, made), None
+    return None, bad_value_message(
+        CHANNEL_VAR, raw, "HOST:PORT:SECRET, the same on every host (SECRET: %d or more hexadecimal digits), or "
+        "unset (handed over by xmp.spawn / torch_xla.launch)" % SECRET_DIGITS,
+        "The sync check stands down on torch_xla without a process group.",
+        "`unset %s` on one host, or on every host `export %s=HOST:PORT:$SECRET` with process 0's HOST, a free "
+        "PORT and one SECRET from `python -c 'import secrets; print(secrets.token_hex(16))'`"
+        % (CHANNEL_VAR, CHANNEL_VAR))
+
+
+def _is_secret(text):
+    return len(text) >= SECRET_DIGITS and text.isascii() and all(c in "0123456789abcdefABCDEF" for c in text)
 
 
 def _port_number(raw):
@@ -120,31 +141,19 @@ def _port_number(raw):
     return None
 
 
-_said_ports = set()
+_said_channels = set()
 
 
-def store_port(environ=None):
-    """The port of the check's own store from the environment; a bad value is said once per process."""
+def handed_channel(environ=None):
+    """The channel handed to this replica (:func:`parse_channel`), or None; a bad value is said once here."""
     from .report import say
 
     environ = os.environ if environ is None else environ
-    port, problem = parse_port(environ.get(PORT_VAR), environ.get("MASTER_PORT"))
-    if problem and problem not in _said_ports:
-        _said_ports.add(problem)
+    found, problem = parse_channel(environ.get(CHANNEL_VAR))
+    if problem and problem not in _said_channels:
+        _said_channels.add(problem)
         say(problem)
-    return port
-
-
-def store_host(environ=None, device_type=None, discover=None):
-    """The host of the check's store, found as torch_xla's ``xla://`` init method finds its master:
-    ``MASTER_ADDR``, else on a TPU worker 0's address (``discover()``), else 127.0.0.1."""
-    environ = os.environ if environ is None else environ
-    host = (environ.get("MASTER_ADDR") or "").strip()
-    if host:
-        return host
-    if device_type == "TPU" and discover is not None:
-        return discover()
-    return "127.0.0.1"
+    return found
 
 
 def _xla_runtime():
@@ -437,44 +446,140 @@ def _call(fn, default):
 
 _host = {"server": None, "clients": {}, "failed": None}
 _host_lock = threading.Lock()
+#: The key every store the check makes holds under the job's secret: a replica joins no store without it.
+MARK = KEY_PREFIX + "made"
+#: Seconds a replica waits for the mark on a store it reached: its maker writes it the moment the store listens.
+MARK_WAIT = 10
 
 
 def host_store(server, device_type=None, timeout=DEFAULT_TIMEOUT, rank=0):
-    """Rank ``rank``'s connection to the check's store: a TCPStore at :func:`store_host` and
-    :func:`store_port` whose server runs in the process with ``process_index() == 0`` (one per process, made
-    at the first call; never on the training thread: a client may wait for the server). Each rank has a
-    connection of its own: a TCPStore client serves one call at a time, and the gloo rendezvous of one
-    replica thread blocks in a ``get`` until the others have written their keys. A store that cannot be made
-    raises StoodDown (broken), the same one at every later call in the process."""
+    """Rank ``rank``'s connection to the check's store, under the job's secret: a ``PrefixStore`` over a
+    ``TCPStore`` client, so every key the check reads or writes starts with the secret. The store is the one
+    the channel handed to the replica names (:func:`handed_channel`): made by the process that started the
+    replicas, or else by process 0 (``server``) on the channel's host and port. A replica joins a store only
+    once it holds the job's :data:`MARK`, so never one the job did not make. One connection per rank (a TCPStore
+    client serves one call at a time, and a replica thread's gloo rendezvous blocks in a ``get``), made at its
+    first call, never on the training thread. No channel, a channel that cannot serve this world, a store that
+    cannot be made, reached or shown to be the job's: StoodDown (broken), the same at every later call."""
     with _host_lock:
         if _host["failed"] is not None:
             raise _host["failed"]
         client = _host["clients"].get(rank)
         if client is None:
-            if server and _host["server"] is None:
-                _host["server"] = _open_store(True, device_type, timeout)
-            client = _host["clients"][rank] = _open_store(False, device_type, timeout)
+            try:
+                client = _host["clients"][rank] = _connect(server, timeout)
+            except StoodDown as exc:
+                _host["failed"] = exc
+                raise
         return client
 
 
-def _open_store(server, device_type, timeout):
+def _connect(server, timeout):
+    found = handed_channel()
+    if found is None:
+        raise StoodDown("no channel was handed to this replica (%s is unset): the process that starts the replicas "
+                        "hands one over when it imports tpu_closure_fix.synccheck before xmp.spawn or "
+                        "torch_xla.launch; across hosts set it alike on every host (docs/synccheck.md)" % CHANNEL_VAR,
+                        broken=True)
+    if found.made and not world_is_local():
+        raise StoodDown("the channel handed over by the process that started the replicas serves its own host only, "
+                        "and this job's replicas span hosts: set %s alike on every host, or init a process group "
+                        "(docs/synccheck.md)" % CHANNEL_VAR, broken=True)
+    if server and not found.made and _host["server"] is None:
+        try:
+            _host["server"] = make_store(found.host, found.port, found.secret, timeout)
+        except Exception as exc:
+            raise StoodDown("its store could not listen at %s:%d (%s: %s): set %s to a free port on process 0's host"
+                            % (found.host, found.port, type(exc).__name__, _short(str(exc)), CHANNEL_VAR),
+                            broken=True)
+    return _join(found, timeout)
+
+
+def world_is_local():
+    """Whether every replica of torch_xla's world runs on this host (its devices here are the whole world)."""
+    runtime = sys.modules.get("torch_xla.runtime")
+    try:
+        return int(runtime.local_device_count()) >= int(runtime.world_size())
+    except Exception:  # a runtime without these functions: one process is one host
+        return _call(getattr(runtime, "process_count", None), 1) <= 1
+
+
+def make_store(host, port, secret, timeout):
+    """A TCPStore server listening at ``host``'s address only (``port`` 0: a free port the kernel picks),
+    holding the job's :data:`MARK` under ``secret``; returns it (its ``port`` says which)."""
+    import socket
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    port = store_port()
-    host = None
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
-        host = store_host(device_type=device_type, discover=_tpu_master)
-        return dist.TCPStore(host, port, None, server, timedelta(seconds=timeout), wait_for_workers=False)
+        listener.bind((host, port))
+        listener.listen(128)
+        port = listener.getsockname()[1]
+        options = dict(wait_for_workers=False, master_listen_fd=listener.fileno())
+        try:
+            store = dist.TCPStore(host, port, None, True, timedelta(seconds=timeout), use_libuv=True, **options)
+        except TypeError:  # torch before 2.3: no libuv choice
+            store = dist.TCPStore(host, port, None, True, timedelta(seconds=timeout), **options)
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()  # the store owns the socket now: it closes it when it goes
+    dist.PrefixStore(secret, store).set(MARK, "1")  # keys: SECRET/tpu_closure_fix/...
+    return store
+
+
+def _join(found, timeout):
+    """A connection to the store at ``found``'s host and port, under its secret, once the store shows the mark."""
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    where = "%s:%d" % (found.host, found.port)
+    try:
+        client = _bounded(lambda: dist.TCPStore(found.host, found.port, None, False, timedelta(seconds=timeout),
+                                                wait_for_workers=False), timeout + 1, where)
+        store = dist.PrefixStore(found.secret, client)
+        deadline = time.monotonic() + min(MARK_WAIT, timeout)
+        while not store.check([MARK]):
+            if time.monotonic() > deadline:
+                raise StoodDown("the store at %s is not this job's (no mark of its secret within %ds): another program "
+                                "listens there; set %s to a free port" % (where, min(MARK_WAIT, timeout), CHANNEL_VAR),
+                                broken=True)
+            time.sleep(0.05)
+    except StoodDown:
+        raise
     except Exception as exc:
-        _host["failed"] = StoodDown(
-            "its store at %s:%d could not be %s (%s: %s); %s"
-            % (host or "?", port, "opened" if server else "reached", type(exc).__name__,
-               _short(str(exc)), "set %s to a free port (the same on every host)" % PORT_VAR if server else
-               "process 0 opens it at its first check, so it was not there within %ds, or it is not on that host "
-               "(MASTER_ADDR names process 0's host; %s its port)" % (timeout, PORT_VAR)), broken=True)
-        raise _host["failed"]
+        raise StoodDown("its store at %s could not be reached within %ds (%s: %s)%s"
+                        % (where, timeout, type(exc).__name__, _short(str(exc)),
+                           "" if found.made else ": process 0 makes it at its first check, at the host and port of "
+                           "%s" % CHANNEL_VAR), broken=True)
+    return store
+
+
+def _bounded(connect, seconds, where):
+    """``connect()``'s store, made on a thread of its own and waited for at most ``seconds``: torch's TCPStore
+    client waits without end for the answer of a program that accepts connections and never answers (a
+    squatter). Such a thread is left behind, blocked until that program lets go."""
+    box = []
+
+    def run():
+        try:
+            box.append((connect(), None))
+        except Exception as exc:
+            box.append((None, exc))
+
+    thread = threading.Thread(target=run, name=WORKER_THREAD + "-connect", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not box:
+        raise StoodDown("the program at %s accepts connections but does not answer as a store within %ds: another "
+                        "program listens there; set %s to a free port" % (where, seconds, CHANNEL_VAR), broken=True)
+    if box[0][1] is not None:
+        raise box[0][1]
+    return box[0][0]
 
 
 def _short(text, limit=80):
@@ -486,12 +591,6 @@ def _short(text, limit=80):
     reason = re.sub(r"^\[[^\]]*\]\s*", "", reason)  # "[/.../gloo/transport/tcp/pair.cc:553] "
     reason = re.split(r"\.\s+(?=[A-Z])", reason)[0].encode("ascii", "ignore").decode("ascii").strip()
     return reason if len(reason) <= limit else reason[:limit - 3].rstrip() + "..."
-
-
-def _tpu_master():
-    from torch_xla._internal import tpu
-
-    return tpu.discover_master_worker_ip()
 
 
 _forked_away = []  # the parent's store connections, kept unreleased in a forked child (its sockets are the parent's)

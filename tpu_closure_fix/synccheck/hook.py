@@ -146,10 +146,10 @@ def arm_from_environment(environ=None):
     action, problem = parse_action(environ.get(ON_DIVERGENCE_VAR))
     bad(ON_DIVERGENCE_VAR, problem)
     bad(comm.TIMEOUT_VAR, comm.parse_timeout(environ.get(comm.TIMEOUT_VAR))[1])
-    _, problem = comm.parse_port(environ.get(comm.PORT_VAR), environ.get("MASTER_PORT"))
+    _, problem = comm.parse_channel(environ.get(comm.CHANNEL_VAR))
     if problem:
-        comm._said_ports.add(problem)  # said here, not again when the check's store is made
-    bad(comm.PORT_VAR, problem)
+        comm._said_channels.add(problem)  # said here, not again when the check's store is reached
+    bad(comm.CHANNEL_VAR, problem)
     replicas, problem = parse_group(environ.get(GROUP_VAR))
     bad(GROUP_VAR, problem)
     arm(every, action, replicas)
