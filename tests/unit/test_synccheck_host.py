@@ -148,7 +148,7 @@ def test_a_bad_channel_is_said_with_the_accepted_values(raw):
     assert channel is None
     flat = " ".join(problem.split())
     assert flat.startswith("%s=" % comm.CHANNEL_VAR) and "accepted: HOST:PORT:SECRET, the same on every host" in flat
-    assert "The sync check stands down" in flat and "secrets.token_hex(16)" in flat
+    assert "The sync check stands down" in flat and "secrets.token_hex(16)" in flat and "process 0's host" in flat
 
 
 def test_a_bad_channel_is_warned_once_when_armed(monkeypatch):

@@ -125,9 +125,8 @@ def parse_channel(raw):
         CHANNEL_VAR, raw, "HOST:PORT:SECRET, the same on every host (SECRET: %d or more hexadecimal digits), or "
         "unset (handed over by xmp.spawn / torch_xla.launch)" % SECRET_DIGITS,
         "The sync check stands down on torch_xla without a process group.",
-        "`unset %s` on one host, or on every host `export %s=HOST:PORT:$SECRET` with process 0's HOST, a free "
-        "PORT and one SECRET from `python -c 'import secrets; print(secrets.token_hex(16))'`"
-        % (CHANNEL_VAR, CHANNEL_VAR))
+        "`unset %s` on one host (xmp.spawn hands a channel over); across hosts, one value on every host: process "
+        "0's host, a free port and a secret of 32 hexadecimal digits (Python's secrets.token_hex(16))" % CHANNEL_VAR)
 
 
 def _is_secret(text):
