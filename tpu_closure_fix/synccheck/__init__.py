@@ -10,7 +10,8 @@ The check's parts, one module each:
   kept with the tensor for its life;
 * how the replicas exchange it -- :mod:`.comm`: a gloo group of the check's own, entered only when every
   rank agreed it reached the check, through the process group's store or, on XLA without a process group,
-  a store of the check's own (never an XLA collective); :mod:`.worker`: the zero-code check's agreement and
+  a store of the check's own (never an XLA collective) handed to the replicas where torch_xla starts them
+  (:mod:`.launch`); :mod:`.worker`: the zero-code check's agreement and
   exchange on a thread of their own per rank, off the training thread;
 * one check and its verdict -- :mod:`.compare` (``compare_replicas``, ``check_sync``);
 * when the zero-code check runs -- :mod:`.hook` (``TPU_CLOSURE_FIX_SYNC_CHECK``);
@@ -28,3 +29,10 @@ from .report import DIVERGED_OUTCOMES, NAMES_IN_MESSAGE, OUTCOMES, ReplicaDiverg
 __all__ = ["SyncCheck", "check_sync", "compare_replicas", "ReplicaDivergenceError", "SyncReport",
            "DEFAULT_EVERY", "DEFAULT_TOLERANCE", "ON_DIVERGENCE", "OUTCOMES", "DIVERGED_OUTCOMES",
            "NAMES_IN_MESSAGE"]
+
+from . import launch as _launch  # noqa: E402
+
+try:
+    _launch.watch()  # before the script's xmp.spawn: the replicas it starts get the check's channel
+except Exception:  # never break the importing program: the replicas' checks then say why they stand down
+    pass
