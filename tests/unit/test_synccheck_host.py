@@ -440,6 +440,48 @@ def test_a_store_not_there_is_said_with_its_cause_and_the_variable(monkeypatch):
     assert "set %s to a free port" % comm.CHANNEL_VAR not in message
 
 
+def _slow_client(release):
+    """A connect that has not answered when the bound passes (as torch's client retrying a refused port on a
+    loaded host): it waits until ``release`` is set."""
+    def connect():
+        release.wait(10)
+        raise OSError("gave up")
+
+    return connect
+
+
+def test_a_bound_passed_with_nothing_listening_is_said_as_unreached_not_as_another_program(monkeypatch):
+    from support import ports
+
+    port, release = ports.free_port(), threading.Event()
+    _fresh_host(monkeypatch, "127.0.0.1:%d:%s" % (port, SECRET))
+    monkeypatch.setattr(comm, "_bounded", lambda connect, seconds, found, real=comm._bounded: real(
+        _slow_client(release), 0.2, found))
+    try:
+        with pytest.raises(comm.StoodDown) as missing:
+            comm.host_store(False, "CPU", timeout=1)
+    finally:
+        release.set()
+    message = str(missing.value)
+    assert "its store at 127.0.0.1:%d could not be reached" % port in message, message
+    assert "accepts connections" not in message and "another program" not in message, message
+
+
+def test_twin_a_bound_passed_with_a_program_listening_names_that_program(monkeypatch):
+    release = threading.Event()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen(4)
+        port = squatter.getsockname()[1]
+        found = comm.Channel("127.0.0.1", port, SECRET, False)
+        try:
+            with pytest.raises(comm.StoodDown) as named:
+                comm._bounded(_slow_client(release), 0.2, found)
+        finally:
+            release.set()
+    assert "the program at 127.0.0.1:%d accepts connections but does not answer" % port in str(named.value)
+
+
 def test_a_reason_quotes_one_short_line():
     assert comm._short("Connection closed by peer " + "x" * 200 + "\nmore") == \
         ("Connection closed by peer " + "x" * 200)[:77] + "..."

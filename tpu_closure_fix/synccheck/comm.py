@@ -511,7 +511,7 @@ def _join(found, timeout):
     where = "%s:%d" % (found.host, found.port)
     try:
         client = _bounded(lambda: dist.TCPStore(found.host, found.port, None, False, timedelta(seconds=timeout),
-                                                wait_for_workers=False), timeout + 1, where)
+                                                wait_for_workers=False), timeout + 1, found)
         store = dist.PrefixStore(found.secret, client)
         deadline = time.monotonic() + min(MARK_WAIT, timeout)
         while not store.check([MARK]):
@@ -530,10 +530,12 @@ def _join(found, timeout):
     return store
 
 
-def _bounded(connect, seconds, where):
+def _bounded(connect, seconds, found):
     """``connect()``'s store, made on a thread of its own and waited for at most ``seconds``: torch's TCPStore
     client waits without end for the answer of a program that accepts connections and never answers (a
-    squatter). Such a thread is left behind, blocked until that program lets go."""
+    squatter). Such a thread is left behind, blocked until that program lets go. Past the bound, a program is
+    named as listening there only if one accepts a connection now: torch's client retries a refused connection
+    with pauses of its own, so on a loaded host the bound can pass while nothing listens at all."""
     box = []
 
     def run():
@@ -546,11 +548,25 @@ def _bounded(connect, seconds, where):
     thread.start()
     thread.join(seconds)
     if not box:
-        raise StoodDown("the program at %s accepts connections but does not answer as a store within %ds: another "
-                        "program listens there; set %s to a free port" % (where, seconds, CHANNEL_VAR), broken=True)
+        if not _accepts(found.host, found.port):
+            raise TimeoutError("no store answered within %ds" % seconds)
+        raise StoodDown("the program at %s:%d accepts connections but does not answer as a store within %ds: "
+                        "another program listens there; set %s to a free port"
+                        % (found.host, found.port, seconds, CHANNEL_VAR), broken=True)
     if box[0][1] is not None:
         raise box[0][1]
     return box[0][0]
+
+
+def _accepts(host, port, seconds=1.0):
+    """Whether a program accepts a TCP connection at ``host``:``port`` (within ``seconds``)."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=seconds).close()
+        return True
+    except OSError:
+        return False
 
 
 def _short(text, limit=80):
