@@ -16,6 +16,7 @@ SLOW=(
   test_synccheck_anchors_bench.py test_synccheck_probe_wall_bench.py test_synccheck_loop_bench.py test_synchook.py
   test_synccheck_word.py
   test_synccheck_threads.py test_synccheck_evidence.py test_synccheck_first_check_bench.py
+  test_synccheck_host_jobs.py
   test_launcher.py test_startup.py test_safe_children.py test_fork.py
 )
 ALL=0

@@ -17,7 +17,7 @@ torch_xla.core.xla_model`` finds it. It does what torch_xla's documented
 * ``all_reduce(reduce_type, inputs, scale=1.0)``, ``mark_step()`` (nothing to
   cut on CPU), ``xrt_world_size()`` / ``get_ordinal()`` / ``xla_device()`` (CPU);
 * ``torch_xla.runtime`` (:data:`runtime`): ``world_size()``, ``global_ordinal()``,
-  ``local_ordinal()``, ``process_index()``, ``process_count()``, ``device_type()``.
+  ``local_ordinal()``, ``process_index()``, ``process_count()``, ``device_type()``, ``local_device_count()``.
   Replicas are processes (one each, the default) or threads of one process
   (PJRT on CPU and TPU v2/v3): a thread that called :func:`enter_replica`
   answers its own ordinal, as torch_xla's per-thread default device does.
@@ -38,7 +38,7 @@ REDUCE_OR = "or"
 REDUCE_MIN = "min"
 REDUCE_MAX = "max"
 
-_world = {"size": 1, "ordinal": 0, "processes": 1, "process": 0}
+_world = {"size": 1, "ordinal": 0, "processes": 1, "process": 0, "hosts": 1}
 _replica = threading.local()  # the ordinal of a replica thread (replicas as threads of one process)
 recorder = None
 
@@ -48,11 +48,12 @@ def _record(name, **info):
         recorder(name, **info)
 
 
-def configure(world_size=1, ordinal=0, process_count=None, process_index=None):
+def configure(world_size=1, ordinal=0, process_count=None, process_index=None, hosts=1):
     """Set the simulated world: its size and this replica's ordinal; by default one replica per process
-    (``process_count`` = the world size, ``process_index`` = the ordinal)."""
+    (``process_count`` = the world size, ``process_index`` = the ordinal), every process on one host
+    (``hosts``: how many hosts share the replicas evenly)."""
     _world.update(size=world_size, ordinal=ordinal, processes=world_size if process_count is None else process_count,
-                  process=ordinal if process_index is None else process_index)
+                  process=ordinal if process_index is None else process_index, hosts=hosts)
 
 
 def enter_replica(ordinal):
@@ -87,6 +88,7 @@ runtime.local_ordinal = lambda: get_local_ordinal()
 runtime.process_index = lambda: _world["process"]
 runtime.process_count = lambda: _world["processes"]
 runtime.device_type = lambda: "CPU"
+runtime.local_device_count = lambda: _world["size"] // max(_world["hosts"], 1)
 
 
 def xla_device(n=None, devkind=None):

@@ -24,11 +24,12 @@ LOG_VAR = "TPU_CLOSURE_FIX_LOG"
 #: Comma-separated integrations to leave alone (``accelerate,optimum_neuron``); unset or empty: none.
 DISABLE_VAR = "TPU_CLOSURE_FIX_DISABLE"
 #: The zero-code SyncCheck's finer settings: what a divergence does, over which ranks the tensors no layout
-#: places are compared, the agreement's timeout, the port of the check's own store (``settings.TABLE``).
+#: places are compared, the agreement's timeout, where the replicas of torch_xla without a process group find the
+#: check's own store and the job's secret (``settings.TABLE``).
 ON_DIVERGENCE_VAR = SYNC_CHECK_VAR + "_ON_DIVERGENCE"
 GROUP_VAR = SYNC_CHECK_VAR + "_GROUP"
 TIMEOUT_VAR = SYNC_CHECK_VAR + "_TIMEOUT"
-PORT_VAR = SYNC_CHECK_VAR + "_PORT"
+CHANNEL_VAR = SYNC_CHECK_VAR + "_CHANNEL"
 ON_VALUES = frozenset(("1", "true", "on", "yes"))
 OFF_VALUES = frozenset(("0", "false", "off", "no"))
 #: ``TPU_CLOSURE_FIX_LOG``'s accepted values, in the order messages list them, with their ``logging`` levels.

@@ -4,7 +4,8 @@
 accepts, what a bad value does and where that is said. :func:`current` reads every row from ``os.environ`` the
 first time any part of the package asks (at activation) and keeps the result; every reader of these variables
 asks that object (:meth:`Settings.get`), never the environment. :func:`reload` reads the environment again
-(tests that change it).
+(tests that change it). One variable is also read later, by its row (:func:`read_now`): the sync check's channel,
+which the package sets in its own process when it starts torch_xla's replicas.
 
 A bad value is said once per variable and value in the process (one set of said keys, :data:`_said`), when a
 reader first asks for it: as a :class:`~.config.TPUClosureFixWarning` at the user's importing line, or, for the
@@ -18,8 +19,8 @@ import collections
 import os
 
 from . import integrations  # its names only (the integration modules are loaded by the engine)
-from .config import (ASCII_WHITESPACE, DISABLE_VAR, ENV_VAR, GROUP_VAR, LOG_LEVELS, LOG_VAR, OFF_VALUES,
-                     ON_DIVERGENCE_VAR, ON_VALUES, PORT_VAR, SYNC_CHECK_VAR, TIMEOUT_VAR, bad_value_message,
+from .config import (ASCII_WHITESPACE, CHANNEL_VAR, DISABLE_VAR, ENV_VAR, GROUP_VAR, LOG_LEVELS, LOG_VAR,
+                     OFF_VALUES, ON_DIVERGENCE_VAR, ON_VALUES, SYNC_CHECK_VAR, TIMEOUT_VAR, bad_value_message,
                      quote_value)
 
 #: Where a bad value is said: a ``TPUClosureFixWarning`` (warnings filters apply), or the sync check's logger.
@@ -35,8 +36,10 @@ MAX_DIGITS = 12
 #: Seconds a rank waits for the others to reach the same check (or for the check's collective) before it stands
 #: down. Long enough for the first check of a job, whose first step on XLA includes compiling the training graph.
 DEFAULT_TIMEOUT = 300
-#: torch_xla's ``xla://`` rendezvous port when ``MASTER_PORT`` is unset; the check's store takes the next one.
-DEFAULT_MASTER_PORT = 12355
+#: The last field of a channel whose store the process that started the replicas made (and serves).
+MADE = "made"
+#: The fewest hexadecimal digits of a job's secret (``secrets.token_hex(16)`` gives 32).
+SECRET_DIGITS = 32
 
 
 class Setting(collections.namedtuple("Setting", "name parse default unset accepted on_bad said example")):
@@ -191,24 +194,36 @@ def parse_timeout(raw):
         "`unset %s` (%d s), or `export %s=600`" % (TIMEOUT_VAR, DEFAULT_TIMEOUT, TIMEOUT_VAR))
 
 
-PORT_ACCEPTED = "a TCP port number 1-65535 (ASCII digits, e.g. 12356), or unset (MASTER_PORT + 1)"
+#: A channel handed to the replicas: its store's host and port, the job's secret (every key's prefix), and
+#: whether the process that started the replicas made it (else process 0 makes it).
+Channel = collections.namedtuple("Channel", "host port secret made")
+CHANNEL_ACCEPTED = ("HOST:PORT:SECRET, the same on every host (SECRET: %d or more hexadecimal digits), or unset "
+                    "(handed over by xmp.spawn / torch_xla.launch)" % SECRET_DIGITS)
+CHANNEL_INSTEAD = "The sync check stands down on torch_xla without a process group."
 
 
-def parse_port(raw, master_port=None):
-    """(port, problem) of the check's own store: ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT`` (``raw``) when it is a
-    port number, else ``MASTER_PORT`` + 1 (``master_port``: its raw value; unset or not a port: torch_xla's
-    default 12355, so 12356). ``problem``: the message for a bad ``raw``."""
-    fallback = port_number(master_port)
-    fallback = (fallback if fallback is not None and fallback < 65535 else DEFAULT_MASTER_PORT) + 1
+def parse_channel(raw):
+    """(:class:`Channel` or None, problem) of a raw value of ``TPU_CLOSURE_FIX_SYNC_CHECK_CHANNEL``:
+    ``HOST:PORT:SECRET``, where process 0 makes the check's store, or ``HOST:PORT:SECRET:made``, a store the
+    process that started the replicas already made (:func:`.synccheck.launch.handing_over`). SECRET: at least
+    :data:`SECRET_DIGITS` hexadecimal digits. Unset or empty: (None, None), nothing handed over."""
     value = "" if raw is None else raw.strip(ASCII_WHITESPACE)
     if value == "":
-        return fallback, None
-    port = port_number(value)
-    if port is not None:
-        return port, None
-    return fallback, bad_value_message(
-        PORT_VAR, raw, PORT_ACCEPTED, "Using %d." % fallback,
-        "`unset %s` (port %d), or `export %s=12356`" % (PORT_VAR, fallback, PORT_VAR))
+        return None, None
+    fields = value.rsplit(":", 3)
+    made = len(fields) == 4 and fields[3] == MADE
+    host, port, secret = (fields[:3] if made else (value.rsplit(":", 2) + ["", "", ""])[:3])
+    host, port = host.strip("[]"), port_number(port)
+    if host and port is not None and _is_secret(secret):
+        return Channel(host, port, secret, made), None
+    return None, bad_value_message(
+        CHANNEL_VAR, raw, CHANNEL_ACCEPTED, CHANNEL_INSTEAD,
+        "`unset %s` on one host (xmp.spawn hands a channel over); across hosts, one value on every host: process "
+        "0's host, a free port and a secret of 32 hexadecimal digits (Python's secrets.token_hex(16))" % CHANNEL_VAR)
+
+
+def _is_secret(text):
+    return len(text) >= SECRET_DIGITS and text.isascii() and all(c in "0123456789abcdefABCDEF" for c in text)
 
 
 def port_number(raw):
@@ -217,14 +232,6 @@ def port_number(raw):
     if 0 < len(value) <= 5 and value.isascii() and value.isdigit() and 0 < int(value) <= 65535:
         return int(value)
     return None
-
-
-def _chosen_port(raw, environ):
-    """The port the variable chooses (None: unset, or a bad value -- then ``MASTER_PORT`` + 1 applies, read
-    when the store is made), and the problem of a bad value, worded with the ``MASTER_PORT`` of ``environ``."""
-    port, problem = parse_port(raw, environ.get("MASTER_PORT"))
-    chosen = raw is not None and raw.strip(ASCII_WHITESPACE) != "" and problem is None
-    return (port if chosen else None), problem
 
 
 def _disable_of(raw, environ):
@@ -257,8 +264,10 @@ TABLE = (
             "%s applies" % DEFAULT_GROUP, SYNC_LOGGER, "world"),
     Setting(TIMEOUT_VAR, _raw_only(parse_timeout), DEFAULT_TIMEOUT, "%d seconds" % DEFAULT_TIMEOUT, TIMEOUT_ACCEPTED,
             "%d seconds apply" % DEFAULT_TIMEOUT, SYNC_LOGGER, "600"),
-    Setting(PORT_VAR, _chosen_port, None, "MASTER_PORT + 1 (%d when MASTER_PORT is unset)" % (DEFAULT_MASTER_PORT + 1),
-            PORT_ACCEPTED, "MASTER_PORT + 1 applies", SYNC_LOGGER, "12356"),
+    Setting(CHANNEL_VAR, _raw_only(parse_channel), None, "xmp.spawn / torch_xla.launch hand one to the replicas "
+            "they start on one host; none handed over, the check stands down", CHANNEL_ACCEPTED,
+            "the sync check stands down on torch_xla without a process group", SYNC_LOGGER,
+            "10.0.0.7:29600:" + "0123456789abcdef" * 2),
 )
 
 #: Names of this package's prefix that are no user settings: variables it sets for its own child processes
@@ -336,3 +345,21 @@ def reload(environ=None):
 def of(environ=None):
     """The kept settings (``environ`` None), or those of the given mapping, read now and not kept."""
     return current() if environ is None else Settings(environ)
+
+
+def read_now(name, environ=None):
+    """The value of the variable ``name`` read from ``environ`` (default ``os.environ``) at this call, by its row,
+    a bad value said through the one warn-once; not kept, the other rows not read.
+
+    Only for the variable the package itself puts into its environment while it runs: the sync check's channel
+    (:data:`~.config.CHANNEL_VAR`), set by the process that starts torch_xla's replicas, after its own settings
+    were read (:mod:`.synccheck.launch`). Its replicas read it here when they reach the check's store: replicas that
+    are threads of that process, and children forked from it, hold settings read before it was set; a child
+    started afresh reads it either way.
+    """
+    environ = os.environ if environ is None else environ
+    setting, raw = row(name), environ.get(name)
+    value, problem = setting.parse(raw, environ)
+    if problem is not None:
+        say_bad_value(setting, raw, problem)
+    return value

@@ -278,9 +278,7 @@ def main(argv=None):
     if args.backend == "xla-standin":
         import torch_xla.core.xla_model as xm
 
-        # its own store on MASTER_PORT + 1 (the rule where TPU_CLOSURE_FIX_SYNC_CHECK_PORT is unset)
-        os.environ.pop(comm.PORT_VAR, None)
-        os.environ["MASTER_PORT"] = str(args.port)
+        # its own store: the one the test's process made and handed over (TPU_CLOSURE_FIX_SYNC_CHECK_CHANNEL)
         pinned = comm.HostChannel(xm, args.world)
         comm.channel = lambda timeout=None: pinned  # the path of XLA without a process group
     cases = [run_case(kind, twin, args.rank, args.world) for kind in args.kinds.split(",")

@@ -8,7 +8,7 @@ prints one result line (``RESULT_MARK`` + JSON: ordinal -> findings). In every r
    computed on the XLA device, against the same computed on the CPU: the exact fields (structure, bit
    hashes, non-finite counts) must be bitwise equal, the float sums close (XLA may sum in another order);
 2. one ``compare_replicas`` on a model on the XLA device (the same weights on both replicas): with no process
-   group it goes over the check's own host channel (TCPStore at ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT``, gloo),
+   group it goes over the check's own host channel (a TCPStore this process makes and hands over, gloo),
    never through an XLA collective: torch_xla's ``all_reduce`` and ``all_gather`` are replaced by functions
    that record the call and raise (executing a collective on CPU hangs on torch_xla 2.1 and aborts on 2.9).
    The check must call none of them and report "identical" over the 2 replicas.
@@ -131,6 +131,8 @@ def _replica():
 
 def main():
     from torch_xla._internal import pjrt
+
+    import tpu_closure_fix.synccheck  # noqa: F401  (the process starting the replicas hands the channel over)
 
     results = pjrt.run_multiprocess(_replica)
     print(RESULT_MARK + json.dumps({str(k): v for k, v in results.items()}))

@@ -2,7 +2,7 @@
 check's host channel (its own TCPStore and gloo group, never an XLA collective) makes of them.
 
 Run as ``python -m support.xla_host_replicas --mode standin|real --scenario different|same|probe --steps N
---out FILE`` with ``TPU_CLOSURE_FIX_SYNC_CHECK`` (and ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT``) in the environment:
+--out FILE`` with ``TPU_CLOSURE_FIX_SYNC_CHECK`` (and ``TPU_CLOSURE_FIX_SYNC_CHECK_CHANNEL``) in the environment:
 
 * ``standin``: the one test double (support.xla_standin) configured as 2 replicas in 1 process; this program
   starts the 2 replica threads, each entering its replica (``global_ordinal`` per thread, as torch_xla's);
@@ -178,6 +178,7 @@ def _real_replica(index, args):
 def run_real(args):
     import torch_xla.distributed.xla_multiprocessing as xmp
 
+    import tpu_closure_fix  # noqa: F401  (as a user's train.py, or the start-up hook: the check's channel is handed over)
     from support import xla_host_replicas as me  # spawned by its module's name, not __main__'s
 
     xmp.spawn(me._real_replica, args=(args,))
@@ -194,11 +195,14 @@ def run_standin(args):
         xla_standin.enter_replica(ordinal)  # what xmp.spawn's thread does: this thread is replica ``ordinal``
         replica(ordinal, args, xm, lambda: torch.device("cpu"), lambda: None, _barrier, _share_grads(ordinal))
 
+    from tpu_closure_fix.synccheck import launch
+
     threads = [threading.Thread(target=one, args=(o,), name="replica-%d" % o) for o in (0, 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    with launch.handing_over():  # what torch_xla's spawn_threads does with the check armed: the channel is handed
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
 
 def main(argv=None):

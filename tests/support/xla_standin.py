@@ -70,9 +70,9 @@ def names():
     return [name for name, _ in events]
 
 
-def configure(world_size=1, ordinal=0, process_count=None, process_index=None):
+def configure(world_size=1, ordinal=0, process_count=None, process_index=None, hosts=1):
     """Set the simulated world; events are recorded from now on."""
-    _sim.configure(world_size, ordinal, process_count, process_index)
+    _sim.configure(world_size, ordinal, process_count, process_index, hosts)
     _sim.recorder = record
 
 

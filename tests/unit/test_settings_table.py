@@ -146,9 +146,18 @@ def test_the_settings_are_read_once_across_every_reader(counted):
     activation.configure_logging()
     engine._integrations_switched_off()
     comm._timeout(None)
-    comm.store_port()
     worker.drain_bound()
     assert counted == dict((row.name, 1) for row in settings.TABLE)
+
+
+def test_the_channel_alone_is_read_again_where_the_store_is_reached(counted):
+    """The launcher sets the channel in its own process after the settings were read (its replicas may be its
+    threads): the store reads that one row again, and no other."""
+    from tpu_closure_fix.synccheck import comm
+
+    settings.current()
+    comm.handed_channel()
+    assert counted == dict((row.name, 2 if row.name == config.CHANNEL_VAR else 1) for row in settings.TABLE)
 
 
 def test_twin_a_reload_reads_them_again(counted):
@@ -189,13 +198,15 @@ def test_twin_a_variable_outside_the_table_is_found(tmp_path):
 #: Modules that name a row's variable in ``environ[...]`` or ``environ.get(...)`` and why that is no reading of a
 #: setting by the package.
 CHILD_SCRIPTS = {os.path.join("verify", "fresh.py"): "the source of a fresh interpreter's first statements, which "
-                 "record the raw switch (parsed by the asking process) and hold the shim back"}
+                 "record the raw switch (parsed by the asking process) and hold the shim back",
+                 os.path.join("synccheck", "launch.py"): "the hand-over of the check's channel: it writes the variable "
+                 "into the environment the replicas inherit, and takes out only the value it wrote"}
 
 
 def test_no_module_but_the_settings_reads_a_setting_from_the_environment():
     """``os.environ.get(NAME)`` / ``environ.get(NAME_VAR)`` of a row's variable appears in settings.py alone."""
     names = "|".join(re.escape(row.name) for row in settings.TABLE)
-    constants = "ENV_VAR|SYNC_CHECK_VAR|LOG_VAR|DISABLE_VAR|ON_DIVERGENCE_VAR|GROUP_VAR|TIMEOUT_VAR|PORT_VAR"
+    constants = "ENV_VAR|SYNC_CHECK_VAR|LOG_VAR|DISABLE_VAR|ON_DIVERGENCE_VAR|GROUP_VAR|TIMEOUT_VAR|CHANNEL_VAR"
     pattern = re.compile(r"environ(\.get\(|\[)\s*(\"(%s)\"|(\w+\.)?(%s)\b)" % (names, constants))
     readers = []
     package = os.path.join(REPO, "tpu_closure_fix")

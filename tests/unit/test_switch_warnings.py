@@ -16,17 +16,13 @@ import pytest
 
 from support.switch_warnings import assert_bad_value_lines, too_wide
 from tpu_closure_fix import config, integrations, settings
-from tpu_closure_fix.config import GROUP_VAR, ON_DIVERGENCE_VAR, PORT_VAR, TIMEOUT_VAR
+from tpu_closure_fix.config import CHANNEL_VAR, GROUP_VAR, ON_DIVERGENCE_VAR, TIMEOUT_VAR
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _disable(raw):
     return settings.parse_disable(raw, integrations.NAMES)
-
-
-def _port(raw):
-    return settings.parse_port(raw, None)
 
 
 #: variable -> (its parser, what else the child's environment needs for the variable to be read, a bad value,
@@ -42,11 +38,12 @@ VARIABLES = {
                 "`export TPU_CLOSURE_FIX_SYNC_CHECK_GROUP=world`"),
     TIMEOUT_VAR: (settings.parse_timeout, {config.SYNC_CHECK_VAR: "5"}, "soon",
                   "`unset TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`"),
-    PORT_VAR: (_port, {config.SYNC_CHECK_VAR: "5"}, "any", "`unset TPU_CLOSURE_FIX_SYNC_CHECK_PORT`"),
+    CHANNEL_VAR: (settings.parse_channel, {config.SYNC_CHECK_VAR: "5"}, "any",
+                  "`unset TPU_CLOSURE_FIX_SYNC_CHECK_CHANNEL`"),
 }
 #: The sync check's variables: their bad values go out on its logger, which no warnings filter mutes (a bad
 #: ``..._ON_DIVERGENCE`` under ``-W ignore`` would silently leave ``warn``); the others are warnings.
-ON_THE_LOGGER = (config.SYNC_CHECK_VAR, ON_DIVERGENCE_VAR, GROUP_VAR, TIMEOUT_VAR, PORT_VAR)
+ON_THE_LOGGER = (config.SYNC_CHECK_VAR, ON_DIVERGENCE_VAR, GROUP_VAR, TIMEOUT_VAR, CHANNEL_VAR)
 #: Bad values of every kind a message quotes: a word, a huge value, one with spaces (wrapped at them), one of
 #: escaped non-ASCII characters (10 columns each, no space: cut), a line break.
 WIDE_VALUES = ["x" * 120000, "a rather long value " * 8, "\U0001f600" * 60, "-1\n", "0\u2003"]

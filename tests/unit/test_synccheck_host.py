@@ -1,6 +1,8 @@
-"""The host channel of the check on torch_xla without a process group, as rules: which channel, which port,
-which host, one worker and one stream count per replica (replicas may be threads of one process), one
-device-to-host transfer per check, and a store that cannot be opened said once, naming where and what to set.
+"""The host channel of the check on torch_xla without a process group, as rules: which channel, the channel
+handed over (its value, its store on loopback under the job's secret, no port guessed), one worker and one
+stream count per replica (replicas may be threads of one process), one device-to-host transfer per check, and
+a store that cannot be opened said once, naming where and what to set. Other programs on the host:
+tests/unit/test_synccheck_host_jobs.py.
 
 Fast: no process, no torch_xla (its runtime is a namespace answering as torch_xla's documented functions do);
 the real TCPStore + gloo exchange between replica threads is tests/unit/test_synccheck_host_threads.py.
@@ -122,51 +124,160 @@ def test_the_rank_is_the_ordinal_of_the_calling_thread(monkeypatch):
     assert ranks == {0: 0, 1: 1}
 
 
-# --------------------------------------------------------------------------- which port, which host
-@pytest.mark.parametrize("raw, master, port", [
-    (None, None, 12356),  # torch_xla's xla:// default 12355, plus one
-    ("", "", 12356),
-    (None, "29500", 29501),  # MASTER_PORT + 1
-    ("23456", "29500", 23456),  # the variable wins
-    (" 40000 ", None, 40000),
-    (None, "65535", 12356),  # no port after it: the default's
-    (None, "nonsense", 12356),
-], ids=["default", "empty", "master-port-plus-one", "variable", "spaces", "master-port-last", "master-port-bad"])
-def test_the_port_rule(raw, master, port):
-    assert comm.parse_port(raw, master) == (port, None)
+# --------------------------------------------------------------------------- which channel, which store
+SECRET = "0123456789abcdef" * 2
 
 
-@pytest.mark.parametrize("raw", ["0", "65536", "12a", "-1", "1e4", "\u0661\u0662"])
-def test_a_bad_port_is_said_with_the_accepted_values(raw):
-    port, problem = comm.parse_port(raw, "29500")
-    assert port == 29501
+@pytest.mark.parametrize("raw, channel", [
+    (None, None),  # nothing handed over
+    ("", None),
+    ("127.0.0.1:41234:%s:made" % SECRET, ("127.0.0.1", 41234, SECRET, True)),  # the launcher's
+    ("10.0.0.7:29600:%s" % SECRET, ("10.0.0.7", 29600, SECRET, False)),  # the user's: process 0 makes it
+    (" host-0:29600:%s " % SECRET.upper(), ("host-0", 29600, SECRET.upper(), False)),
+    ("[fe80::1]:29600:%s" % SECRET, ("fe80::1", 29600, SECRET, False)),
+    ("fe80::1:29600:%s:made" % SECRET, ("fe80::1", 29600, SECRET, True)),
+], ids=["unset", "empty", "launcher", "user", "spaces-upper", "ipv6-brackets", "ipv6-made"])
+def test_the_channel_rule(raw, channel):
+    assert comm.parse_channel(raw) == (None if channel is None else comm.Channel(*channel), None)
+
+
+@pytest.mark.parametrize("raw", ["29600", "host:29600", "host:0:%s" % SECRET, "host:65536:%s" % SECRET,
+                                 ":29600:%s" % SECRET, "host:29600:%s" % SECRET[:31], "host:29600:%sxy" % SECRET,
+                                 "host:\u0661\u0662:%s" % SECRET])
+def test_a_bad_channel_is_said_with_the_accepted_values(raw):
+    channel, problem = comm.parse_channel(raw)
+    assert channel is None
     flat = " ".join(problem.split())
-    assert flat.startswith("%s=" % comm.PORT_VAR) and "accepted: a TCP port number 1-65535" in flat
-    assert "Using 29501." in flat and "`unset %s` (port 29501)" % comm.PORT_VAR in flat
+    assert flat.startswith("%s=" % comm.CHANNEL_VAR) and "accepted: HOST:PORT:SECRET, the same on every host" in flat
+    assert "The sync check stands down" in flat and "secrets.token_hex(16)" in flat and "process 0's host" in flat
 
 
-def test_a_bad_port_is_warned_once_when_armed(monkeypatch):
+def test_a_bad_channel_is_warned_once_when_armed(monkeypatch):
     from support.said import fresh, spoken
 
     fresh()
     monkeypatch.setattr(settings, "_said", set())
     monkeypatch.setattr(synchook, "arm", lambda *args: None)
-    environ = {"TPU_CLOSURE_FIX_SYNC_CHECK": "3", comm.PORT_VAR: "http"}
+    environ = {"TPU_CLOSURE_FIX_SYNC_CHECK": "3", comm.CHANNEL_VAR: "http"}
     with spoken() as seen:
         synchook.arm_from_environment(environ)
-        comm.store_port(environ)  # the store made later says nothing again
+        assert comm.handed_channel(environ) is None  # the store reached later says nothing again
     said = [w.message for w in seen]
-    assert len(said) == 1 and comm.PORT_VAR in said[0] and "12356" in said[0]
+    assert len(said) == 1 and comm.CHANNEL_VAR in said[0], said
 
 
-@pytest.mark.parametrize("environ, device, host", [
-    ({"MASTER_ADDR": "10.0.0.7"}, "TPU", "10.0.0.7"),  # the variable first, as xla://
-    ({}, "TPU", "10.1.2.3"),  # on a TPU: worker 0's address
-    ({}, "CPU", "127.0.0.1"),
-    ({"MASTER_ADDR": "  "}, None, "127.0.0.1"),
-], ids=["master-addr", "tpu-worker-0", "cpu-localhost", "blank-master-addr"])
-def test_the_host_rule(environ, device, host):
-    assert comm.store_host(environ, device, discover=lambda: "10.1.2.3") == host
+def test_a_channel_set_after_the_settings_were_read_is_found_where_the_store_is_reached(monkeypatch):
+    """The launcher sets the variable in its own process after the settings were read, for replicas that may be
+    its threads: the channel is read by the settings' row when the store is reached. Twin: the settings kept at
+    activation do not hold it, so a reader of those would find no channel."""
+    monkeypatch.delenv(comm.CHANNEL_VAR, raising=False)
+    settings.reload()
+    monkeypatch.setenv(comm.CHANNEL_VAR, "127.0.0.1:41234:%s:made" % SECRET)
+    assert comm.handed_channel() == comm.Channel("127.0.0.1", 41234, SECRET, True)
+    assert settings.current().get(comm.CHANNEL_VAR) is None
+
+
+def test_a_bad_channel_read_at_each_store_is_said_once_through_the_settings(monkeypatch):
+    from support.said import fresh, spoken
+
+    fresh()
+    monkeypatch.setenv(comm.CHANNEL_VAR, "http")
+    with spoken() as seen:
+        assert comm.handed_channel() is None and comm.handed_channel() is None
+    assert len(seen) == 1 and (comm.CHANNEL_VAR, "http") in settings._said, seen
+
+
+@pytest.mark.parametrize("local, size, processes, answer", [
+    (4, 4, 2, True), (2, 4, 2, False), (None, 4, 1, True), (None, 4, 2, False)],
+    ids=["one-host", "two-hosts", "no-count-one-process", "no-count-two-processes"])
+def test_the_world_is_local_when_this_hosts_devices_are_all_of_it(monkeypatch, local, size, processes, answer):
+    runtime = types.SimpleNamespace(world_size=lambda: size, process_count=lambda: processes)
+    if local is not None:
+        runtime.local_device_count = lambda: local
+    monkeypatch.setitem(sys.modules, "torch_xla.runtime", runtime)
+    assert comm.world_is_local() is answer
+
+
+def _fresh_host(monkeypatch, channel=None):
+    monkeypatch.setattr(comm, "_host", {"server": None, "clients": {}, "failed": None})
+    monkeypatch.setattr(settings, "_said", set())
+    if channel is None:
+        monkeypatch.delenv(comm.CHANNEL_VAR, raising=False)
+    else:
+        monkeypatch.setenv(comm.CHANNEL_VAR, channel)
+
+
+def test_no_channel_handed_over_stands_down_naming_the_variable_and_guesses_no_port(monkeypatch):
+    _fresh_host(monkeypatch)
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.raises(comm.StoodDown) as first:
+        comm.host_store(True, "CPU", timeout=5)
+    with pytest.raises(comm.StoodDown) as again:
+        comm.host_store(False, "CPU", timeout=5, rank=1)
+    assert first.value.broken and again.value is first.value
+    assert "no channel was handed to this replica (%s is unset)" % comm.CHANNEL_VAR in str(first.value)
+    assert comm._host["server"] is None
+
+
+def test_a_launchers_channel_in_a_world_of_two_hosts_stands_down(monkeypatch):
+    _fresh_host(monkeypatch, "127.0.0.1:1:%s:made" % SECRET)
+    _xla(monkeypatch, 4, process_index=0)
+    sys.modules["torch_xla.runtime"].local_device_count = lambda: 2
+    with pytest.raises(comm.StoodDown) as down:
+        comm.host_store(True, "CPU", timeout=5)
+    assert "this job's replicas span hosts" in str(down.value) and comm._host["server"] is None
+
+
+def test_the_launchers_store_listens_on_loopback_only_and_keys_carry_the_secret(monkeypatch):
+    """The hand-over: a store on 127.0.0.1 at a port the kernel picked, its channel in the children's
+    environment while they run, gone after; a replica's keys land under the secret only."""
+    from tpu_closure_fix.synccheck import launch
+
+    _fresh_host(monkeypatch)
+    _xla(monkeypatch, 2)
+    environ = {}
+    with launch.handing_over(environ) as value:
+        channel, _ = comm.parse_channel(value)
+        assert environ[comm.CHANNEL_VAR] == value and channel.made and channel.host == "127.0.0.1"
+        listening = _listening(channel.port)
+        monkeypatch.setenv(comm.CHANNEL_VAR, value)
+        store = comm.host_store(False, "CPU", timeout=5)
+        store.set("tpu_closure_fix/synccheck/x", "1")
+        import torch.distributed as dist
+        from datetime import timedelta
+
+        foreign = dist.TCPStore("127.0.0.1", channel.port, None, False, timedelta(seconds=5), wait_for_workers=False)
+        assert not foreign.check(["tpu_closure_fix/synccheck/x"])
+        assert foreign.check([channel.secret + "/tpu_closure_fix/synccheck/x"])
+    assert comm.CHANNEL_VAR not in environ
+    if listening is not None:
+        assert listening == ["0100007F"], listening  # 127.0.0.1, never every interface
+
+
+def _listening(port):
+    """The local addresses (hex, as /proc/net/tcp writes them) listening on ``port``; None where unreadable."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as handle:
+                rows = handle.read().splitlines()[1:]
+        except OSError:
+            return None
+        for row in rows:
+            fields = row.split()
+            address, hex_port = fields[1].split(":")
+            if int(hex_port, 16) == port and fields[3] == "0A":
+                found.append(address)
+    return found
+
+
+def test_a_channel_already_set_stands_and_no_store_is_made(monkeypatch):
+    from tpu_closure_fix.synccheck import launch
+
+    environ = {comm.CHANNEL_VAR: "10.0.0.7:29600:%s" % SECRET}
+    with launch.handing_over(environ) as value:
+        assert value is None and environ[comm.CHANNEL_VAR] == "10.0.0.7:29600:%s" % SECRET
+    assert environ[comm.CHANNEL_VAR] == "10.0.0.7:29600:%s" % SECRET
 
 
 # --------------------------------------------------------------------------- per replica
@@ -257,22 +368,20 @@ def test_the_host_transfer_is_one_copy(monkeypatch):
 
 
 # --------------------------------------------------------------------------- a store that cannot be opened
-def test_a_port_in_use_stands_the_check_down_once_naming_where_and_what_to_set(monkeypatch):
-    monkeypatch.setattr(comm, "_host", {"server": None, "clients": {}, "failed": None})
+def test_a_users_channel_on_a_port_in_use_stands_the_check_down_once_naming_where_and_what_to_set(monkeypatch):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen(1)
         port = taken.getsockname()[1]
-        monkeypatch.setenv(comm.PORT_VAR, str(port))
-        settings.reload()
-        monkeypatch.delenv("MASTER_ADDR", raising=False)
+        _fresh_host(monkeypatch, "127.0.0.1:%d:%s" % (port, SECRET))
         with pytest.raises(comm.StoodDown) as first:
             comm.host_store(True, "CPU", timeout=5)
         with pytest.raises(comm.StoodDown) as again:
             comm.host_store(True, "CPU", timeout=5)
     assert first.value.broken and again.value is first.value  # not tried again: one message
     message = str(first.value)
-    assert "127.0.0.1:%d" % port in message and "set %s to a free port" % comm.PORT_VAR in message
+    assert "could not listen at 127.0.0.1:%d" % port in message and "set %s to a free port" % comm.CHANNEL_VAR \
+        in message
 
 
 def test_each_replica_of_a_process_has_its_own_group_over_the_same_prefix(monkeypatch):
@@ -316,23 +425,61 @@ def test_the_slot_fields_survive_another_replica_thread_clearing_their_cache(mon
     assert present.tolist() == [False, True, False, False] and fields.numel() == 5 * 4
 
 
-def test_a_store_not_there_is_said_with_its_causes_and_the_variables(monkeypatch):
-    """A process other than process 0 that finds no store within the timeout: its two causes (process 0 not at
-    its first check yet, or another host) and the variables naming host and port; its twin, the server side,
-    names the free port to set."""
+def test_a_store_not_there_is_said_with_its_cause_and_the_variable(monkeypatch):
+    """A process other than process 0 that finds no store within the timeout at the user's channel: why (process
+    0 makes it at its first check, where the variable says); its twin, the server side, names the free port."""
     from support import ports
 
-    monkeypatch.setattr(comm, "_host", {"server": None, "clients": {}, "failed": None})
     port = ports.free_port()
-    monkeypatch.setenv(comm.PORT_VAR, str(port))
-    settings.reload()
-    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    _fresh_host(monkeypatch, "127.0.0.1:%d:%s" % (port, SECRET))
     with pytest.raises(comm.StoodDown) as missing:
         comm.host_store(False, "CPU", timeout=1)
     message = str(missing.value)
+    assert "its store at 127.0.0.1:%d could not be reached within 1s" % port in message, message
+    assert "process 0 makes it at its first check" in message and comm.CHANNEL_VAR in message, message
+    assert "set %s to a free port" % comm.CHANNEL_VAR not in message
+
+
+def _slow_client(release):
+    """A connect that has not answered when the bound passes (as torch's client retrying a refused port on a
+    loaded host): it waits until ``release`` is set."""
+    def connect():
+        release.wait(10)
+        raise OSError("gave up")
+
+    return connect
+
+
+def test_a_bound_passed_with_nothing_listening_is_said_as_unreached_not_as_another_program(monkeypatch):
+    from support import ports
+
+    port, release = ports.free_port(), threading.Event()
+    _fresh_host(monkeypatch, "127.0.0.1:%d:%s" % (port, SECRET))
+    monkeypatch.setattr(comm, "_bounded", lambda connect, seconds, found, real=comm._bounded: real(
+        _slow_client(release), 0.2, found))
+    try:
+        with pytest.raises(comm.StoodDown) as missing:
+            comm.host_store(False, "CPU", timeout=1)
+    finally:
+        release.set()
+    message = str(missing.value)
     assert "its store at 127.0.0.1:%d could not be reached" % port in message, message
-    assert "not there within 1s" in message and "MASTER_ADDR" in message and comm.PORT_VAR in message, message
-    assert "set %s to a free port" % comm.PORT_VAR not in message
+    assert "accepts connections" not in message and "another program" not in message, message
+
+
+def test_twin_a_bound_passed_with_a_program_listening_names_that_program(monkeypatch):
+    release = threading.Event()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen(4)
+        port = squatter.getsockname()[1]
+        found = comm.Channel("127.0.0.1", port, SECRET, False)
+        try:
+            with pytest.raises(comm.StoodDown) as named:
+                comm._bounded(_slow_client(release), 0.2, found)
+        finally:
+            release.set()
+    assert "the program at 127.0.0.1:%d accepts connections but does not answer" % port in str(named.value)
 
 
 def test_a_reason_quotes_one_short_line():

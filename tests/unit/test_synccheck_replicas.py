@@ -32,8 +32,11 @@ def _run(world, backend, tmp_path, kinds=None):
     extra = ["--kinds", ",".join(kinds)] if kinds else []
     env = dict(os.environ, TPU_CLOSURE_FIX="0", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
                PYTHONPATH=os.pathsep.join([REPO, TESTS]))
-    runs = ranks.launch([sys.executable, "-m", "support.synccheck_corpus"], world, tmp_path,
-                        ["--backend", backend] + extra, env, TIMEOUT, cwd=TESTS, tag=backend)
+    from tpu_closure_fix.synccheck import launch
+
+    with launch.handing_over(env):  # as xmp.spawn would: the check's store here, its channel in the ranks' env
+        runs = ranks.launch([sys.executable, "-m", "support.synccheck_corpus"], world, tmp_path,
+                            ["--backend", backend] + extra, env, TIMEOUT, cwd=TESTS, tag=backend)
     ranks.assert_all_finished(runs)
     for run in runs:  # a process group is initialised: torch.distributed, even with torch_xla
         assert run.payload["default_backend"] == "torch.distributed", (run.rank, backend)

@@ -19,7 +19,6 @@ from xla_tier import REPO, TESTS, TIMEOUT, TORCH_XLA, XLA_PY, defined_where, xla
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from support import ports  # noqa: E402
 from tpu_closure_fix.verify.child import run_children  # noqa: E402
 
 ON_TIER = TORCH_XLA is not None and TORCH_XLA.split(".")[:2] == ["2", "9"]
@@ -33,7 +32,8 @@ PROBE_TIMEOUT = 15
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """scenario -> the process's result; the three runs at once, each on its own port, under a hard timeout."""
+    """scenario -> the process's result; the three runs at once (each xmp.spawn hands its replicas a store of
+    its own), under a hard timeout."""
     import threading
 
     folder = tmp_path_factory.mktemp("host")
@@ -43,7 +43,7 @@ def runs(tmp_path_factory):
         out = str(folder / ("%s.json" % scenario))
         env = xla_env({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2", "TPU_CLOSURE_FIX_SYNC_CHECK": "3",
                        "TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT": str(PROBE_TIMEOUT if scenario == "probe" else 300),
-                       "TPU_CLOSURE_FIX_SYNC_CHECK_PORT": str(port[scenario]), "OMP_NUM_THREADS": "1"},
+                       "OMP_NUM_THREADS": "1"},
                       drop=("PJRT_DEVICE", "CPU_NUM_DEVICES", "PYTHONPATH", "MASTER_ADDR", "MASTER_PORT")
                       + tuple(k for k in os.environ if k.startswith("TPU_CLOSURE_FIX_SYNC_CHECK")))
         env["PYTHONPATH"] = os.pathsep.join([REPO, TESTS])
@@ -51,7 +51,6 @@ def runs(tmp_path_factory):
                    "--steps", str(STEPS), "--out", out]
         done[scenario] = run_children([command], TIMEOUT, env=env, cwd=TESTS, marker=None, result_files=[out])[0]
 
-    port = dict(zip(SCENARIOS, ports.free_ports(len(SCENARIOS))))  # distinct: no store has bound yet
     threads = [threading.Thread(target=one, args=(scenario,)) for scenario in SCENARIOS]
     for thread in threads:
         thread.start()

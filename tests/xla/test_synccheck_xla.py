@@ -13,7 +13,6 @@ from xla_tier import REPO, TESTS, TIMEOUT, TORCH_XLA, XLA_PY, defined_where, una
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
-from support import ports  # noqa: E402
 from tpu_closure_fix.synccheck import fingerprint
 from tpu_closure_fix.verify.child import run_child
 
@@ -27,10 +26,9 @@ def test_xla_environment_is_available():
 
 @pytest.fixture(scope="module")
 def replicas():
-    env = xla_env({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2",
-                   "TPU_CLOSURE_FIX_SYNC_CHECK_PORT": str(ports.free_port())},  # the check's own store
+    env = xla_env({"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"},  # the check's channel: handed over by xmp
                   drop=("PJRT_DEVICE", "CPU_NUM_DEVICES", "TPU_CLOSURE_FIX", "PYTHONPATH", "MASTER_ADDR",
-                        "MASTER_PORT"))
+                        "MASTER_PORT", "TPU_CLOSURE_FIX_SYNC_CHECK_CHANNEL"))
     env["PYTHONPATH"] = os.pathsep.join([REPO, TESTS])
     run = run_child([XLA_PY, "-m", "support.synccheck_xla"], TIMEOUT, env=env, cwd=TESTS)
     assert run.payload is not None, "%s\n%s" % (run.error, run.stderr_tail())

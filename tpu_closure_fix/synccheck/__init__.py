@@ -11,7 +11,8 @@ The check's parts, one module each:
   kept with the tensor for its life;
 * how the replicas exchange it -- :mod:`.comm`: a gloo group of the check's own, entered only when every
   rank agreed it reached the check, through the process group's store or, on XLA without a process group,
-  a store of the check's own (never an XLA collective); :mod:`.worker`: the zero-code check's agreement and
+  a store of the check's own (never an XLA collective) handed to the replicas where torch_xla starts them
+  (:mod:`.launch`); :mod:`.worker`: the zero-code check's agreement and
   exchange on a thread of their own per rank, off the training thread;
 * one check and its verdict -- :mod:`.compare` (``compare_replicas``, ``check_sync``);
 * when the zero-code check runs -- :mod:`.hook` (``TPU_CLOSURE_FIX_SYNC_CHECK``);
@@ -23,6 +24,7 @@ Importing this package imports neither torch nor Lightning; docs/synccheck.md ha
 the measured cost.
 """
 from . import evidence as _evidence
+from . import launch as _launch
 from .callback import SyncCheck
 from .compare import DEFAULT_EVERY, DEFAULT_TOLERANCE, ON_DIVERGENCE, check_sync, compare_replicas
 from .report import DIVERGED_OUTCOMES, NAMES_IN_MESSAGE, OUTCOMES, ReplicaDivergenceError, SyncReport
@@ -34,3 +36,7 @@ __all__ = ["SyncCheck", "check_sync", "compare_replicas", "ReplicaDivergenceErro
 # From the first import on, the DDP and FSDP modules made are recorded as layout evidence (weakly, at their
 # construction): the checks never scan the live objects for them.
 _evidence.watch()
+try:
+    _launch.watch()  # before the script's xmp.spawn: the replicas it starts get the check's channel
+except Exception:  # never break the importing program: the replicas' checks then say why they stand down
+    pass

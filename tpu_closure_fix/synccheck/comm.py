@@ -16,11 +16,13 @@ Picked at each check from the process's environment alone:
   (:mod:`.worker`), every pending check at once, so no training thread waits there.
 * torch_xla with a world size > 1 and no process group (``xmp.spawn``, Lightning's ``XLAStrategy``,
   accelerate on XLA): :class:`HostChannel`, the same agreement and the same gloo exchange on the host, over
-  a ``torch.distributed.TCPStore`` of the check's own (its server in one process, one connection per rank,
-  made lazily off the training thread) found the way torch_xla's ``xla://`` init method finds its master:
-  ``MASTER_ADDR``, else TPU worker 0's address on a TPU, else 127.0.0.1; on port
-  ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT``, else ``MASTER_PORT`` + 1 (12356 by default). The server is in the
-  process of ``process_index() == 0``. A
+  a ``torch.distributed.TCPStore`` of the check's own (one connection per rank, made lazily off the training
+  thread), found through the channel handed to the replicas in ``TPU_CLOSURE_FIX_SYNC_CHECK_CHANNEL``
+  (:func:`parse_channel`): the process that starts them (``xmp.spawn``, ``torch_xla.launch``) makes the store
+  on loopback at a port the kernel picks and hands its port and a per-job secret to its children
+  (:mod:`.launch`); across hosts the user sets the variable alike on every host and process 0 makes the store.
+  Every key carries the secret, and a replica joins only a store holding the job's mark: never a port derived
+  from another, never a store the job did not make; without a channel the check stands down saying why. A
   replica is a rank (``runtime.global_ordinal()``), also where the replicas are threads of one process
   (PJRT on CPU, TPU v2/v3): each has its own worker and gloo group. No XLA collective is ever issued, so a
   check one replica skips stands down instead of hanging the device.
@@ -31,9 +33,9 @@ import sys
 import threading
 
 from .. import settings
-from ..config import PORT_VAR, TIMEOUT_VAR
-# the agreement's default timeout and the port rule: settings.TABLE's
-from ..settings import DEFAULT_TIMEOUT, parse_port
+from ..config import CHANNEL_VAR, TIMEOUT_VAR
+# the agreement's default timeout and the channel's rule: settings.TABLE's
+from ..settings import DEFAULT_TIMEOUT, MADE, SECRET_DIGITS, Channel, parse_channel  # noqa: F401 (names of comm)
 
 KEY_PREFIX = "tpu_closure_fix/synccheck/"
 
@@ -75,27 +77,16 @@ class StoodDown(RuntimeError):
         self.broken = broken
 
 
-def store_port(environ=None):
-    """The port of the check's own store: ``TPU_CLOSURE_FIX_SYNC_CHECK_PORT`` as the settings hold it (a bad
-    value said once), else ``MASTER_PORT`` + 1 as the environment holds it now (``environ``: a mapping read
-    instead of both)."""
-    chosen = settings.of(environ).get(PORT_VAR)
-    if chosen is not None:
-        return chosen
-    environ = os.environ if environ is None else environ
-    return parse_port(None, environ.get("MASTER_PORT"))[0]
+def handed_channel(environ=None):
+    """The channel handed to this replica (:func:`parse_channel`), or None; a bad value is said once (the
+    settings' one warn-once: not again where the check was armed and said it).
 
-
-def store_host(environ=None, device_type=None, discover=None):
-    """The host of the check's store, found as torch_xla's ``xla://`` init method finds its master:
-    ``MASTER_ADDR``, else on a TPU worker 0's address (``discover()``), else 127.0.0.1."""
-    environ = os.environ if environ is None else environ
-    host = (environ.get("MASTER_ADDR") or "").strip()
-    if host:
-        return host
-    if device_type == "TPU" and discover is not None:
-        return discover()
-    return "127.0.0.1"
+    Read from the environment at this call, by the settings' row (:func:`..settings.read_now`), not from the
+    settings kept at activation: the process that starts the replicas sets the variable after it read its
+    settings (:mod:`.launch`), and its replicas may be its own threads (``spawn_threads``) or forked children,
+    which would see the kept value from before the hand-over. A ``settings.reload()`` there instead would read
+    every other variable again mid-run, and a second time when the hand-over ends."""
+    return settings.read_now(CHANNEL_VAR, environ)
 
 
 def _xla_runtime():
@@ -426,44 +417,156 @@ def _call(fn, default):
 
 _host = {"server": None, "clients": {}, "failed": None}
 _host_lock = threading.Lock()
+#: The key every store the check makes holds under the job's secret: a replica joins no store without it.
+MARK = KEY_PREFIX + "made"
+#: Seconds a replica waits for the mark on a store it reached: its maker writes it the moment the store listens.
+MARK_WAIT = 10
 
 
 def host_store(server, device_type=None, timeout=DEFAULT_TIMEOUT, rank=0):
-    """Rank ``rank``'s connection to the check's store: a TCPStore at :func:`store_host` and
-    :func:`store_port` whose server runs in the process with ``process_index() == 0`` (one per process, made
-    at the first call; never on the training thread: a client may wait for the server). Each rank has a
-    connection of its own: a TCPStore client serves one call at a time, and the gloo rendezvous of one
-    replica thread blocks in a ``get`` until the others have written their keys. A store that cannot be made
-    raises StoodDown (broken), the same one at every later call in the process."""
+    """Rank ``rank``'s connection to the check's store, under the job's secret: a ``PrefixStore`` over a
+    ``TCPStore`` client, so every key the check reads or writes starts with the secret. The store is the one
+    the channel handed to the replica names (:func:`handed_channel`): made by the process that started the
+    replicas, or else by process 0 (``server``) on the channel's host and port. A replica joins a store only
+    once it holds the job's :data:`MARK`, so never one the job did not make. One connection per rank (a TCPStore
+    client serves one call at a time, and a replica thread's gloo rendezvous blocks in a ``get``), made at its
+    first call, never on the training thread. No channel, a channel that cannot serve this world, a store that
+    cannot be made, reached or shown to be the job's: StoodDown (broken), the same at every later call."""
     with _host_lock:
         if _host["failed"] is not None:
             raise _host["failed"]
         client = _host["clients"].get(rank)
         if client is None:
-            if server and _host["server"] is None:
-                _host["server"] = _open_store(True, device_type, timeout)
-            client = _host["clients"][rank] = _open_store(False, device_type, timeout)
+            try:
+                client = _host["clients"][rank] = _connect(server, timeout)
+            except StoodDown as exc:
+                _host["failed"] = exc
+                raise
         return client
 
 
-def _open_store(server, device_type, timeout):
+def _connect(server, timeout):
+    found = handed_channel()
+    if found is None:
+        raise StoodDown("no channel was handed to this replica (%s is unset): the process that starts the replicas "
+                        "hands one over when it imports tpu_closure_fix.synccheck before xmp.spawn or "
+                        "torch_xla.launch; across hosts set it alike on every host (docs/synccheck.md)" % CHANNEL_VAR,
+                        broken=True)
+    if found.made and not world_is_local():
+        raise StoodDown("the channel handed over by the process that started the replicas serves its own host only, "
+                        "and this job's replicas span hosts: set %s alike on every host, or init a process group "
+                        "(docs/synccheck.md)" % CHANNEL_VAR, broken=True)
+    if server and not found.made and _host["server"] is None:
+        try:
+            _host["server"] = make_store(found.host, found.port, found.secret, timeout)
+        except Exception as exc:
+            raise StoodDown("its store could not listen at %s:%d (%s: %s): set %s to a free port on process 0's host"
+                            % (found.host, found.port, type(exc).__name__, _short(str(exc)), CHANNEL_VAR),
+                            broken=True)
+    return _join(found, timeout)
+
+
+def world_is_local():
+    """Whether every replica of torch_xla's world runs on this host (its devices here are the whole world)."""
+    runtime = sys.modules.get("torch_xla.runtime")
+    try:
+        return int(runtime.local_device_count()) >= int(runtime.world_size())
+    except Exception:  # a runtime without these functions: one process is one host
+        return _call(getattr(runtime, "process_count", None), 1) <= 1
+
+
+def make_store(host, port, secret, timeout):
+    """A TCPStore server listening at ``host``'s address only (``port`` 0: a free port the kernel picks),
+    holding the job's :data:`MARK` under ``secret``; returns it (its ``port`` says which)."""
+    import socket
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    port = store_port()
-    host = None
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
-        host = store_host(device_type=device_type, discover=_tpu_master)
-        return dist.TCPStore(host, port, None, server, timedelta(seconds=timeout), wait_for_workers=False)
+        listener.bind((host, port))
+        listener.listen(128)
+        port = listener.getsockname()[1]
+        options = dict(wait_for_workers=False, master_listen_fd=listener.fileno())
+        try:
+            store = dist.TCPStore(host, port, None, True, timedelta(seconds=timeout), use_libuv=True, **options)
+        except TypeError:  # torch before 2.3: no libuv choice
+            store = dist.TCPStore(host, port, None, True, timedelta(seconds=timeout), **options)
+    except BaseException:
+        listener.close()
+        raise
+    listener.detach()  # the store owns the socket now: it closes it when it goes
+    dist.PrefixStore(secret, store).set(MARK, "1")  # keys: SECRET/tpu_closure_fix/...
+    return store
+
+
+def _join(found, timeout):
+    """A connection to the store at ``found``'s host and port, under its secret, once the store shows the mark."""
+    import time
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    where = "%s:%d" % (found.host, found.port)
+    try:
+        client = _bounded(lambda: dist.TCPStore(found.host, found.port, None, False, timedelta(seconds=timeout),
+                                                wait_for_workers=False), timeout + 1, found)
+        store = dist.PrefixStore(found.secret, client)
+        deadline = time.monotonic() + min(MARK_WAIT, timeout)
+        while not store.check([MARK]):
+            if time.monotonic() > deadline:
+                raise StoodDown("the store at %s is not this job's (no mark of its secret within %ds): another program "
+                                "listens there; set %s to a free port" % (where, min(MARK_WAIT, timeout), CHANNEL_VAR),
+                                broken=True)
+            time.sleep(0.05)
+    except StoodDown:
+        raise
     except Exception as exc:
-        _host["failed"] = StoodDown(
-            "its store at %s:%d could not be %s (%s: %s); %s"
-            % (host or "?", port, "opened" if server else "reached", type(exc).__name__,
-               _short(str(exc)), "set %s to a free port (the same on every host)" % PORT_VAR if server else
-               "process 0 opens it at its first check, so it was not there within %ds, or it is not on that host "
-               "(MASTER_ADDR names process 0's host; %s its port)" % (timeout, PORT_VAR)), broken=True)
-        raise _host["failed"]
+        raise StoodDown("its store at %s could not be reached within %ds (%s: %s)%s"
+                        % (where, timeout, type(exc).__name__, _short(str(exc)),
+                           "" if found.made else ": process 0 makes it at its first check, at the host and port of "
+                           "%s" % CHANNEL_VAR), broken=True)
+    return store
+
+
+def _bounded(connect, seconds, found):
+    """``connect()``'s store, made on a thread of its own and waited for at most ``seconds``: torch's TCPStore
+    client waits without end for the answer of a program that accepts connections and never answers (a
+    squatter). Such a thread is left behind, blocked until that program lets go. Past the bound, a program is
+    named as listening there only if one accepts a connection now: torch's client retries a refused connection
+    with pauses of its own, so on a loaded host the bound can pass while nothing listens at all."""
+    box = []
+
+    def run():
+        try:
+            box.append((connect(), None))
+        except Exception as exc:
+            box.append((None, exc))
+
+    thread = threading.Thread(target=run, name=WORKER_THREAD + "-connect", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not box:
+        if not _accepts(found.host, found.port):
+            raise TimeoutError("no store answered within %ds" % seconds)
+        raise StoodDown("the program at %s:%d accepts connections but does not answer as a store within %ds: "
+                        "another program listens there; set %s to a free port"
+                        % (found.host, found.port, seconds, CHANNEL_VAR), broken=True)
+    if box[0][1] is not None:
+        raise box[0][1]
+    return box[0][0]
+
+
+def _accepts(host, port, seconds=1.0):
+    """Whether a program accepts a TCP connection at ``host``:``port`` (within ``seconds``)."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=seconds).close()
+        return True
+    except OSError:
+        return False
 
 
 def _short(text, limit=80):
@@ -475,12 +578,6 @@ def _short(text, limit=80):
     reason = re.sub(r"^\[[^\]]*\]\s*", "", reason)  # "[/.../gloo/transport/tcp/pair.cc:553] "
     reason = re.split(r"\.\s+(?=[A-Z])", reason)[0].encode("ascii", "ignore").decode("ascii").strip()
     return reason if len(reason) <= limit else reason[:limit - 3].rstrip() + "..."
-
-
-def _tpu_master():
-    from torch_xla._internal import tpu
-
-    return tpu.discover_master_worker_ip()
 
 
 _forked_away = []  # the parent's store connections, kept unreleased in a forked child (its sockets are the parent's)

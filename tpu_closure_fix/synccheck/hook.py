@@ -46,7 +46,7 @@ import time
 import weakref
 
 from .. import settings
-from ..config import GROUP_VAR, ON_DIVERGENCE_VAR, PORT_VAR, SYNC_CHECK_VAR, TIMEOUT_VAR
+from ..config import CHANNEL_VAR, GROUP_VAR, ON_DIVERGENCE_VAR, SYNC_CHECK_VAR, TIMEOUT_VAR
 from ..settings import DEFAULT_ACTION, DEFAULT_GROUP
 from . import comm, compare, report as reports  # none imports torch: this module is loaded only when armed
 from .report import ReplicaDivergenceError
@@ -82,7 +82,7 @@ def arm_from_environment(environ=None):
     if not every:
         return 0
     action = switches.get(ON_DIVERGENCE_VAR)
-    for used_later in (TIMEOUT_VAR, PORT_VAR):  # a bad value is said now, at the user's line, not at a check
+    for used_later in (TIMEOUT_VAR, CHANNEL_VAR):  # a bad value is said now, at the user's line, not at a check
         switches.get(used_later)
     arm(every, action, switches.get(GROUP_VAR))
     return every
