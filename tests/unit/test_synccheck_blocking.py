@@ -198,3 +198,32 @@ def test_twin_a_polling_worker_makes_more_calls_the_longer_the_late_rank_takes(m
     calls, outcomes = _worker_check_with_a_late_rank(late)
     assert outcomes == {0: "identical", 1: "identical"}
     assert calls > WORKER_CALLS
+
+
+@pytest.mark.parametrize("written", [True, False])
+def test_a_stopping_worker_writes_the_watched_slot_so_its_watcher_ends_without_a_timed_out_wait(monkeypatch, written):
+    """A check no other rank reaches: the worker's watcher blocks on the next exchange's slot; stopping the worker
+    writes that slot empty (a later proposal still takes it) and the watcher ends within the stop's bound, its
+    wait never timing out. Twin: without that write the watcher is still blocked after the stop."""
+    monkeypatch.setattr(comm, "blocking_wait_safe", lambda version=None: True)
+    if not written:
+        monkeypatch.setattr(worker.Worker, "_unwatch", lambda self: None)
+    store = CountingStore()
+    alone = worker.Worker().start()
+    assert alone.submit(_job(store, 0, name="P"))
+    deadline = time.monotonic() + 10
+    while (alone.watcher is None or not alone.watcher.is_alive()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    watcher = alone.watcher
+    assert watcher is not None and watcher.is_alive()
+    alone.stop(5)
+    assert not alone.thread.is_alive()
+    slot = comm.KEY_PREFIX + "exchange/0"
+    if written:
+        assert not watcher.is_alive() and store.get(slot) == b""
+        proposed = comm.KEY_PREFIX + "P/0"
+        assert store.compare_set(slot, "", proposed) == proposed.encode()
+    else:
+        assert watcher.is_alive() and not store.check([slot])
+        store.set(slot, "")  # let it go
+        watcher.join(5)
