@@ -110,3 +110,120 @@ def test_the_worker_of_the_last_rank_in_votes_as_it_arrives(last):
     assert job.decision == ("go" if last else None)
     assert store.get(comm.KEY_PREFIX + "A/0/decision") == b"go" if last else not store.check(
         [comm.KEY_PREFIX + "A/0/decision"])
+
+
+# --------------------------------------------------------------------------- the worker waits for a late rank
+#: Seconds the other rank's worker gets the check after this one's, in the worker's test: at once, and late.
+WORKER_LATE = (0.0, 1.0)
+#: Store calls of the first rank's worker for one check when it blocks: count in, a round, the watch (a second
+#: connection and its one wait), a round at STUCK, a round when the other rank's proposal comes, the exchange
+#: and its keys deleted (17 here). The polling shape makes about 20 rounds of 2 calls per second of waiting.
+WORKER_CALLS = 20
+
+
+class CountingView(object):
+    """One rank's view of a shared store, counting its calls (its second connection's too)."""
+
+    def __init__(self, store, calls):
+        self.store, self.calls = store, calls
+
+    def __getattr__(self, name):
+        method = getattr(self.store, name)
+
+        def call(*args):
+            self.calls[0] += 1
+            result = method(*args)
+            return CountingView(result, self.calls) if name == "clone" else result
+        return call
+
+
+def _worker_check_with_a_late_rank(late):
+    """Each rank's worker (rank 1's ``late`` seconds after rank 0's) gets one check; (rank 0's store calls,
+    each rank's report outcomes)."""
+    from support.thread_ranks import ThreadChannel, ThreadWorld
+
+    class StoreChannel(ThreadChannel):
+        kind = "torch.distributed"
+
+        def __init__(self, world, rank, store):
+            super(StoreChannel, self).__init__(world, rank)
+            self.store, self.timeout = store, 30
+
+        def _store(self):
+            return self.store
+
+    shared, world = dist.HashStore(), ThreadWorld(2)
+    calls = [[0], [0]]
+    answered = [threading.Event(), threading.Event()]
+    outcomes = {}
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    workers = [worker.Worker().start() for _ in range(2)]
+    try:
+        for rank in (0, 1):
+            if rank:
+                time.sleep(late)
+            channel = StoreChannel(world, rank, CountingView(shared, calls[rank]))
+            pending = compare.prepare(model, 1, compare.Stream("A"), channel=channel)
+
+            def deliver(report, raise_at, rank=rank):
+                outcomes[rank] = report.outcome
+                answered[rank].set()
+
+            def stand_down(exc, rank=rank):
+                outcomes[rank] = str(exc)
+                answered[rank].set()
+            assert workers[rank].submit(worker.Job(pending, deliver, stand_down))
+        assert all(event.wait(30) for event in answered)
+    finally:
+        for each in workers:
+            each.stop(5)
+    assert not any(each.thread.is_alive() or (each.watcher and each.watcher.is_alive()) for each in workers)
+    return calls[0][0], outcomes
+
+
+@pytest.mark.parametrize("late", WORKER_LATE)
+def test_the_worker_blocks_on_the_store_while_a_check_waits_for_a_late_rank(monkeypatch, late):
+    """While its check waits for the other rank, the worker makes as many store calls (each a wake-up that takes
+    the interpreter lock from the training thread) however long it waits: it blocks in one wait."""
+    monkeypatch.setattr(comm, "blocking_wait_safe", lambda version=None: True)
+    calls, outcomes = _worker_check_with_a_late_rank(late)
+    assert outcomes == {0: "identical", 1: "identical"}
+    assert calls <= WORKER_CALLS
+
+
+@pytest.mark.parametrize("late", WORKER_LATE[1:])
+def test_twin_a_polling_worker_makes_more_calls_the_longer_the_late_rank_takes(monkeypatch, late):
+    monkeypatch.setattr(comm, "blocking_wait_safe", lambda version=None: False)  # a torch 1.x store: it polls
+    calls, outcomes = _worker_check_with_a_late_rank(late)
+    assert outcomes == {0: "identical", 1: "identical"}
+    assert calls > WORKER_CALLS
+
+
+@pytest.mark.parametrize("written", [True, False])
+def test_a_stopping_worker_writes_the_watched_slot_so_its_watcher_ends_without_a_timed_out_wait(monkeypatch, written):
+    """A check no other rank reaches: the worker's watcher blocks on the next exchange's slot; stopping the worker
+    writes that slot empty (a later proposal still takes it) and the watcher ends within the stop's bound, its
+    wait never timing out. Twin: without that write the watcher is still blocked after the stop."""
+    monkeypatch.setattr(comm, "blocking_wait_safe", lambda version=None: True)
+    if not written:
+        monkeypatch.setattr(worker.Worker, "_unwatch", lambda self: None)
+    store = CountingStore()
+    alone = worker.Worker().start()
+    assert alone.submit(_job(store, 0, name="P"))
+    deadline = time.monotonic() + 10
+    while (alone.watcher is None or not alone.watcher.is_alive()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    watcher = alone.watcher
+    assert watcher is not None and watcher.is_alive()
+    alone.stop(5)
+    assert not alone.thread.is_alive()
+    slot = comm.KEY_PREFIX + "exchange/0"
+    if written:
+        assert not watcher.is_alive() and store.get(slot) == b""
+        proposed = comm.KEY_PREFIX + "P/0"
+        assert store.compare_set(slot, "", proposed) == proposed.encode()
+    else:
+        assert watcher.is_alive() and not store.check([slot])
+        store.set(slot, "")  # let it go
+        watcher.join(5)

@@ -13,9 +13,10 @@ and the check's own gloo group:
    exchange's slot first (a check proposed there is one every rank reached), then the pending checks' counts,
    each stream's oldest first, pausing longer after each round that moved nothing. One still incomplete after
    ``TPU_CLOSURE_FIX_SYNC_CHECK_TIMEOUT`` seconds is voted "abort" (compare-and-set: the first vote written is
-   every rank's answer). The worker reads rather than blocks in a store ``wait``: a wait cannot be woken by the
-   training thread's next check (the store's connection serves one call at a time, and the training thread
-   never touches the store), and a timed-out one prints to stderr. An aborted check is said once, naming the
+   every rank's answer). Between rounds the worker sleeps while a watcher thread blocks in one store ``wait``
+   for the next exchange's slot on a second connection (:meth:`Worker._watch`: the training thread's next
+   check wakes the worker, not that wait), so a check waiting for a late rank costs a few wake-ups, not a poll
+   every few milliseconds; it polls where it cannot block so. An aborted check is said once, naming the
    optimizer and the ranks that reached it and those that did not, and its stream stands down; the other pending
    checks go on meanwhile -- an optimizer stepped on rank 0 alone holds up neither training nor the other
    checks.
@@ -75,8 +76,8 @@ EXIT_WAIT = 2.0
 #: Seconds of training, at each rank's own pace, between the ranks' agreement on where to raise and that step:
 #: long enough for every rank to learn the agreed step before it gets there.
 RAISE_LEAD = 0.2
-#: First and longest pause between two polls of the store while checks are pending: each poll takes the
-#: interpreter lock from the training thread, so the worker polls no more often than that.
+#: First and longest pause between two polls of the store while checks are pending and no watcher blocks for
+#: them (:meth:`Worker._watch`): each poll takes the interpreter lock from the training thread.
 FIRST_POLL = 0.002
 MAX_POLL = 0.05
 
@@ -249,6 +250,10 @@ class Worker(object):
         self.wake = threading.Condition(threading.Lock())
         self.thread = _WorkerThread(self)
         self.pid = os.getpid()
+        self.watcher = None  # the thread blocked on the next exchange's slot (:meth:`_watch`)
+        self.second = None  # (the store, its second connection) the watcher waits on
+        self.signalled = False  # the watcher returned: the worker runs a round
+        self.unwatched = None  # the exchange whose slot is polled, not watched (a watch of it found nothing)
 
     def start(self):
         self.thread.start()
@@ -320,12 +325,78 @@ class Worker(object):
                     self.moved = time.monotonic()
                     delay = FIRST_POLL
                 else:
-                    with self.wake:
-                        if not self.stopping and not self.queue:
-                            self.wake.wait(delay)
+                    self._pause(delay)
                     delay = min(delay * 2, MAX_POLL)
         except Exception as exc:  # never break training: say it once, the check stays off
             _worker_failed(exc)
+        finally:
+            self._unwatch()
+
+    def _pause(self, delay):
+        """Wait for the next thing to do after a round that moved nothing. Where a watcher blocks on the next
+        exchange's slot (:meth:`_watch`), the worker sleeps until it returns, a check is handed over, or the
+        next deadline comes: a handful of wake-ups per check however long it waits. Else it sleeps ``delay``
+        (a poll)."""
+        timeout = self._next_timer() if self._watch() else delay
+        with self.wake:
+            if not self.stopping and not self.queue and not self.signalled:
+                self.wake.wait(timeout)
+            if self.signalled:
+                self.signalled = False
+                self.unwatched = self.exchanges  # a round that then moves nothing polls this slot instead
+
+    def _next_timer(self):
+        """Seconds until the next time a waiting check needs the worker without any rank moving: a deadline
+        (it votes "abort"), or :data:`STUCK` after a check arrived (it reads which ranks reached it)."""
+        now, times = time.monotonic(), []
+        for job in self.pending.values():
+            if job.decision is None and job.deadline is not None:
+                times.append(job.deadline)
+                if job.reached is None and job.time_then + STUCK > now:  # past it, the ranks are read or unreadable
+                    times.append(job.time_then + STUCK)
+        return max(min(times) - now, 0.0) + 0.001 if times else MAX_POLL
+
+    def _watch(self):
+        """Whether a watcher thread blocks in one store ``wait`` (GIL released, on a second connection: the
+        worker's own serves one call at a time) for the next exchange's slot, started now if needed. The slot
+        is written when some rank proposes a check every rank reached, and at a rank's stop (:meth:`_unwatch`),
+        so the wait ends without timing out (a timed-out wait prints to stderr). False where a timed-out wait
+        breaks the store (:func:`.comm.blocking_wait_safe`), the store cannot be cloned, or a watch of this slot
+        already ended with nothing to exchange (a rank stopping): the worker polls."""
+        slot = "%sexchange/%d" % (comm.KEY_PREFIX, self.exchanges)
+        watcher = self.watcher
+        if watcher is not None and watcher.is_alive():
+            return watcher.slot == slot
+        if not self.pending or self.unwatched == self.exchanges or not comm.blocking_wait_safe():
+            return False
+        second = self._second(next(iter(self.pending.values())))
+        if second is None:
+            return False
+        self.watcher = _Watcher(self, second, slot)
+        self.watcher.start()
+        return True
+
+    def _second(self, job):
+        """A second connection to ``job``'s store (made once: the worker serves one store), or None."""
+        if self.second is None:
+            store = self._store(job)
+            try:
+                self.second = (store, store.clone()) if hasattr(store, "check") else (store, None)
+            except Exception:
+                self.second = (store, None)
+        return self.second[1]
+
+    def _unwatch(self):
+        """End the watcher: write its slot empty (what reading the slot does on a torch without ``check``: a
+        later proposal still takes it) and wait for it, within :data:`EXIT_WAIT`."""
+        watcher = self.watcher
+        if watcher is None or not watcher.is_alive():
+            return
+        try:
+            self.second[0].compare_set(watcher.slot, "", "")
+        except Exception:  # the store failed: the watcher's wait fails too
+            pass
+        watcher.join(EXIT_WAIT)
 
     def _step(self):
         """One round over the pending checks; True when some check moved. The next exchange's slot is read
@@ -428,6 +499,8 @@ class Worker(object):
                 # what the slot holds, without waiting: compare_set of an absent key with "" creates it empty
                 # (a later proposal still takes it), of a chosen one returns the choice (torch's stores before
                 # 2.x have no check())
+                if comm.blocking_wait_safe() and hasattr(store, "check") and not store.check([slot]):
+                    return False  # not written: read without writing it, as a watcher waits for it to be written
                 chosen = _text(store.compare_set(slot, "", ""))
                 if not chosen:
                     return False
@@ -533,6 +606,33 @@ class _WorkerThread(threading.Thread):
 
     def stop(self):
         retire(self._worker)
+
+
+class _Watcher(threading.Thread):
+    """Blocks in one store ``wait`` for ``slot`` (the next exchange's), then wakes the worker. Its ``stop()`` is
+    its worker's, for thread-leak guards."""
+
+    #: Seconds the wait lasts at most: the slot is written long before (a proposal, or a rank's stop).
+    LIMIT = 24 * 3600.0
+
+    def __init__(self, worker, store, slot):
+        threading.Thread.__init__(self, name=comm.WORKER_THREAD + "-watch", daemon=True)
+        self._worker, self.store, self.slot = worker, store, slot
+
+    def run(self):
+        from datetime import timedelta
+
+        try:
+            self.store.wait([self.slot], timedelta(seconds=self.LIMIT))
+        except Exception:  # the store failed: the worker's next round finds out and says so
+            pass
+        finally:
+            with self._worker.wake:
+                self._worker.signalled = True
+                self._worker.wake.notify()
+
+    def stop(self):
+        self._worker.thread.stop()
 
 
 def retire(worker):
