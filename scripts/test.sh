@@ -13,7 +13,7 @@
 # and package checks, the fixes' install lines resolved by today's pip (tests/fixlines), the matrix's wheel
 # downloads, the torch_xla venvs and tiers, the other interpreters): on 2 cores the run is bound by the CPU time
 # of all stages together, so no stage waits for one it does not need. The matrix starts once its wheels are
-# fetched and runs its targets two at a time; afterwards the property tests and the benchmarks' smoke mode; then
+# fetched and runs its targets two at a time, the property tests and the benchmarks' smoke mode beside it; then
 # each lane's output is printed and its exit code counted. Options go to scripts/matrix.py (`--smoke`: one
 # target per call-site family; `--targets A,B`; `--no-prune` keeps every target folder, about 2.3 GiB, instead
 # of deleting each after its tests: its wheels stay cached in .cache/wheels either way).  Disk under .cache/:
@@ -119,6 +119,22 @@ unit_tests() {
   echo "   (unit tests done at $(elapsed))"
 }
 
+properties_and_benchmarks() {  # after the matrix's downloads: Lightning for the property tests comes from its wheels
+  echo "== property tests (hypothesis) against real Lightning: pytorch-lightning 1.8.6"
+  # a target folder of its own: the matrix installs and prunes its targets' folders meanwhile
+  local root=.cache/properties-target
+  "$PY" scripts/targets.py install "pytorch-lightning==1.8.6" --root "$root" >/dev/null || status=1
+  PYTHONPATH=$("$PY" scripts/targets.py path "pytorch-lightning==1.8.6" --root "$root") \
+    pytest_step properties-pl186 tests/unit/test_properties.py
+  echo "== benchmarks, smoke mode (checks they run; figures not meaningful: see README 'Cost')"
+  # the benchmarks whose smoke run a unit test makes and reads (tests/unit/test_*_bench.py) are not run twice
+  for bench in bench_startup bench_import bench_step synccheck_overhead synccheck_collisions synccheck_scaling; do
+    "$PY" benchmarks/$bench.py --smoke > "results/$bench.txt" 2>&1 \
+      || { echo "!! benchmarks/$bench.py --smoke failed:"; tail -20 "results/$bench.txt"; status=1; }
+  done
+  echo "   (property tests and benchmarks done at $(elapsed))"
+}
+
 # Each lane's replica runs take their rendezvous ports from a block of their own (tests/support/ports.py):
 # the matrix's two workers use blocks 0 and 1.
 base_minor=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
@@ -131,22 +147,14 @@ TPU_CLOSURE_FIX_PORT_BLOCK=4 lane other-pythons other_pythons
 TPU_CLOSURE_FIX_PORT_BLOCK=5 lane unit unit_tests
 
 finish_lane matrix-downloads
+TPU_CLOSURE_FIX_PORT_BLOCK=6 lane properties-benchmarks properties_and_benchmarks
 echo "== 2/3 release matrix (started at $(elapsed))"
 disk
 "$PY" scripts/matrix.py --results results --prune "$@" || status=1
 echo "   (matrix done at $(elapsed))"
 
-echo "== property tests (hypothesis) against real Lightning: pytorch-lightning 1.8.6"
-"$PY" scripts/targets.py install "pytorch-lightning==1.8.6" >/dev/null || status=1
-PYTHONPATH=$("$PY" scripts/targets.py path "pytorch-lightning==1.8.6") pytest_step properties-pl186 tests/unit/test_properties.py
-
-echo "== benchmarks, smoke mode (checks they run; figures not meaningful: see README 'Cost')"
-# the benchmarks whose smoke run a unit test makes and reads (tests/unit/test_*_bench.py) are not run twice
-for bench in bench_startup bench_import bench_step synccheck_overhead synccheck_collisions synccheck_scaling; do
-  "$PY" benchmarks/$bench.py --smoke > "results/$bench.txt" 2>&1 || { echo "!! benchmarks/$bench.py --smoke failed:"; tail -20 "results/$bench.txt"; status=1; }
-done
-
 finish_lane unit
+finish_lane properties-benchmarks
 finish_lane readme-package
 finish_lane fixlines
 finish_lane other-pythons
