@@ -235,7 +235,7 @@ def test_the_first_check_s_work_does_not_grow_with_the_live_objects(handed):
 def test_twin_a_scan_of_the_live_objects_grows_with_them():
     _, optimizer = model_and_optimizer()
     few, many = (_calls_of(lambda: scan_for_module_paths(optimizer), live) for live in (0, MANY))
-    assert many - few >= MANY, (few, many)
+    assert many - few >= MANY * 0.9, (few, many)  # about one call per live object
 
 
 # --------------------------------------------------------------------------- 2 gloo ranks, every scan refused

@@ -483,6 +483,12 @@ def make_store(host, port, secret, timeout):
 
     import torch.distributed as dist
 
+    if not _takes_a_socket(dist):
+        # torch before 2.1 binds the store's socket itself, on every interface: the kernel picks the port (0); the
+        # keys still carry the secret (docs/synccheck.md, the exposure that remains)
+        store = dist.TCPStore(host, port, None, True, timedelta(seconds=timeout), wait_for_workers=False)
+        dist.PrefixStore(secret, store).set(MARK, "1")
+        return store
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         listener.bind((host, port))
@@ -491,7 +497,9 @@ def make_store(host, port, secret, timeout):
         options = dict(wait_for_workers=False, master_listen_fd=listener.fileno())
         try:
             store = dist.TCPStore(host, port, None, True, timedelta(seconds=timeout), use_libuv=True, **options)
-        except TypeError:  # torch before 2.3: no libuv choice
+        except (TypeError, RuntimeError) as exc:  # torch before 2.3: no libuv choice, or "Libuv implementation missing"
+            if isinstance(exc, RuntimeError) and "libuv" not in str(exc).lower():
+                raise
             store = dist.TCPStore(host, port, None, True, timedelta(seconds=timeout), **options)
     except BaseException:
         listener.close()
@@ -501,9 +509,33 @@ def make_store(host, port, secret, timeout):
     return store
 
 
+def _takes_a_socket(dist):
+    """Whether this torch's TCPStore serves on a socket it is given (``master_listen_fd``, torch >= 2.1)."""
+    return "master_listen_fd" in (getattr(dist.TCPStore.__init__, "__doc__", None) or "")
+
+
+def _has_mark(store, seconds):
+    """Whether ``store`` shows the job's mark within ``seconds``. ``check`` (torch >= 2.2) never blocks; without
+    it (torch 2.1 and before), one bounded ``wait``: a store it times out on is left anyway (the check stands down)."""
+    import time
+    from datetime import timedelta
+
+    if not hasattr(store, "check"):
+        try:
+            store.wait([MARK], timedelta(seconds=seconds))
+            return True
+        except Exception:  # timed out: no mark
+            return False
+    deadline = time.monotonic() + seconds
+    while not store.check([MARK]):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _join(found, timeout):
     """A connection to the store at ``found``'s host and port, under its secret, once the store shows the mark."""
-    import time
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -513,13 +545,10 @@ def _join(found, timeout):
         client = _bounded(lambda: dist.TCPStore(found.host, found.port, None, False, timedelta(seconds=timeout),
                                                 wait_for_workers=False), timeout + 1, found)
         store = dist.PrefixStore(found.secret, client)
-        deadline = time.monotonic() + min(MARK_WAIT, timeout)
-        while not store.check([MARK]):
-            if time.monotonic() > deadline:
-                raise StoodDown("the store at %s is not this job's (no mark of its secret within %ds): another program "
-                                "listens there; set %s to a free port" % (where, min(MARK_WAIT, timeout), CHANNEL_VAR),
-                                broken=True)
-            time.sleep(0.05)
+        if not _has_mark(store, min(MARK_WAIT, timeout)):
+            raise StoodDown("the store at %s is not this job's (no mark of its secret within %ds): another program "
+                            "listens there; set %s to a free port" % (where, min(MARK_WAIT, timeout), CHANNEL_VAR),
+                            broken=True)
     except StoodDown:
         raise
     except Exception as exc:

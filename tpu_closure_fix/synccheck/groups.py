@@ -281,13 +281,24 @@ def _is_process_group(obj):
     return any(cls.__name__ in ("ProcessGroup", "_ProcessGroupWrapper") for cls in type(obj).__mro__)
 
 
+def group_ranks(dist, group):
+    """The sorted global ranks of process group ``group``: ``get_process_group_ranks`` (torch >= 1.13), else the
+    table torch 1.12 keeps of each group's ranks."""
+    read = getattr(dist, "get_process_group_ranks", None)
+    if read is not None:
+        return tuple(sorted(int(r) for r in read(group)))
+    if group is None or group is getattr(getattr(dist, "GroupMember", None), "WORLD", object()):
+        return tuple(range(dist.get_world_size()))
+    return tuple(sorted(int(r) for r in dist.distributed_c10d._pg_group_ranks[group]))
+
+
 def declaration(replicas, rank):
     """``"auto"``, ``"world"`` or this rank's group (a sorted tuple of ranks; empty: in none of the groups)."""
     if replicas in (AUTO, WORLD) or replicas is None:
         return replicas or AUTO
     if _is_process_group(replicas):
         dist = sys.modules.get("torch.distributed")
-        return tuple(sorted(int(r) for r in dist.get_process_group_ranks(replicas)))
+        return group_ranks(dist, replicas)
     return next((tuple(sorted(g)) for g in replicas if rank in g), ())
 
 
@@ -317,8 +328,7 @@ def ddp_groups(named):
     for obj in evidence.made("ddp"):
         try:
             group = getattr(obj, "process_group", None)
-            ranks = tuple(sorted(int(r) for r in dist.get_process_group_ranks(group))) if group is not None \
-                else tuple(range(dist.get_world_size()))
+            ranks = group_ranks(dist, group) if group is not None else tuple(range(dist.get_world_size()))
             params = list(obj.module.parameters())
         except Exception:  # a DDP whose group cannot be read gives no evidence
             continue
