@@ -162,7 +162,8 @@ finish_lane xla-tiers
 disk
 # the CPU time of every stage (bash's `times`: the children's line counts every process waited for, lanes included):
 # on 2 cores the run takes at least half of it
-cpu=$(times | tail -1 | awk '{ split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
+times > results/times.txt  # in this shell: a command substitution's subshell has no children's times
+cpu=$(tail -1 results/times.txt | awk '{ split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
 echo "== summary ($(elapsed) after the base venv was ready; $cpu s of CPU time in all stages together)"
 "$PY" scripts/junit_summary.py results/junit-*.xml || status=1
 exit $status
