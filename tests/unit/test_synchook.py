@@ -685,6 +685,20 @@ def test_raise_comes_at_the_agreed_step_and_the_first_divergence_stands(handed):
     step(optimizer)  # raised once
 
 
+def test_a_rank_that_learns_the_agreed_step_after_passing_it_raises_at_its_next_step_naming_both(handed):
+    synchook.arm(1, "raise")
+    optimizer = sgd()
+    step(optimizer)
+    step(optimizer)  # step 2
+    step(optimizer)  # step 3: the worker was slow, the ranks agreed on step 2
+    with spoken():
+        handed[1].deliver(diverged_report(1), 2)
+    with pytest.raises(synccheck.ReplicaDivergenceError) as raised:
+        step(optimizer)  # step 4
+    assert str(raised.value).endswith("Raised at optimizer step 4: the ranks agreed on step 2, which this rank had "
+                                      "passed when it learnt it."), str(raised.value)
+
+
 def test_a_check_that_stands_down_is_said_once_per_optimizer_naming_it(handed):
     synchook.arm(1, "warn")
     optimizer = sgd()

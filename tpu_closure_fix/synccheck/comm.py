@@ -41,6 +41,7 @@ KEY_PREFIX = "tpu_closure_fix/synccheck/"
 
 _groups = {}  # (scope, user, rank) -> the check's own gloo group
 _made = {}  # (user, rank) -> the check's groups made for it in this process: each its own prefix of the store
+_connections = threading.local()  # this thread's (store, its own connection to it): see own_connection
 #: The name of the zero-code check's worker threads (:mod:`.worker`).
 WORKER_THREAD = "tpu-closure-fix-synccheck"
 
@@ -216,6 +217,24 @@ def blocking_wait_safe(version=None):
     return tuple(parts) >= BLOCKING_WAIT_TORCH
 
 
+def own_connection(store):
+    """This thread's own connection to ``store`` (``store.clone()``, made once per thread and store), or None
+    where the store cannot be cloned. The check's blocking calls (the vote's wait, its gloo group's rendezvous)
+    go through it: a blocking call holds its connection until it returns, and on the job's connection it would
+    hold every other thread's use of that store for as long -- the training thread's and the check's worker,
+    whose peers may be waiting for this rank in turn: a cycle across ranks, broken only by the timeout."""
+    held = getattr(_connections, "pair", None)
+    if held is not None and held[0] is store:
+        return held[1]
+    clone = None
+    try:
+        clone = store.clone() if hasattr(store, "clone") else None
+    except Exception:  # a store that cannot be cloned: its callers keep the shapes that never block on it
+        clone = None
+    _connections.pair = (store, clone)
+    return clone
+
+
 class _StoreChannel(object):
     """What both channels share: the agreement through a store, the exchange on a gloo group of the check's
     own built over a prefix of that store. Subclasses give ``_store()``, ``_scope()`` (what the group is
@@ -273,15 +292,17 @@ class _StoreChannel(object):
 
     def _await_vote(self, store, key, deadline):
         """Wait until the last rank in voted or ``deadline`` passed; the ranks counted in then (``size``: the
-        vote is written). Where a timed-out ``wait`` leaves the store usable (:func:`blocking_wait_safe`) one
-        blocking ``wait`` for the vote's key, with the GIL released; elsewhere (on torch 1.x a timed-out wait
-        leaves the store's socket out of step for every later use) poll the count, pausing longer each time."""
+        vote is written). Where a timed-out ``wait`` leaves the store usable (:func:`blocking_wait_safe`) and the
+        store can be cloned, one blocking ``wait`` for the vote's key on this thread's own connection
+        (:func:`own_connection`), with the GIL released; elsewhere (on torch 1.x a timed-out wait leaves the
+        store's socket out of step for every later use) poll the count, pausing longer each time."""
         import time
         from datetime import timedelta
 
-        if blocking_wait_safe():
+        waiting = own_connection(store) if blocking_wait_safe() else None
+        if waiting is not None:
             try:
-                store.wait([key + "/decision"], timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+                waiting.wait([key + "/decision"], timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
                 return self.size  # the vote is written: compare_set below reads it
             except Exception:  # the deadline passed (a store that broke fails the vote that follows too)
                 return 0
@@ -320,7 +341,9 @@ class _StoreChannel(object):
             for key in [k for k in _groups if k[0][0] == scope[0] and k[0] != scope]:
                 del _groups[key]  # a group of an earlier default group
             made = _made[(user, self.rank)] = _made.get((user, self.rank), 0) + 1
-            prefix = dist.PrefixStore("%sgroup/%s/%d" % (KEY_PREFIX, user, made), self._store())
+            store = self._store()
+            # the rendezvous waits for every rank's address: on this thread's own connection (own_connection)
+            prefix = dist.PrefixStore("%sgroup/%s/%d" % (KEY_PREFIX, user, made), own_connection(store) or store)
             group = dist.ProcessGroupGloo(prefix, self.rank, self.size, timedelta(seconds=self.timeout))
             _groups[(scope, user, self.rank)] = group
         return group

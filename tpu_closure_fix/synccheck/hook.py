@@ -351,8 +351,7 @@ def _check_off_thread(optimizer, stream, step, channel):
         if raise_at is None:
             _delivered(report, stream, channel.rank, where, held)
             return
-        error = ReplicaDivergenceError(
-            "%s Raised at optimizer step %d, the step every rank agreed on." % (report.message(), raise_at), report)
+        error = ReplicaDivergenceError(raised_words(report, raise_at, raise_at), report)
         stream.raise_at, stream.raising = raise_at, error
         _unraised[id(stream)] = (error, channel.rank, report, raise_at)
         _counted(report)
@@ -404,7 +403,18 @@ def _raise_if_due(stream, step):
         stream.raising = None
         stream.stood_down = "raised"
         _unraised.pop(id(stream), None)
+        if step != stream.raise_at and isinstance(error, ReplicaDivergenceError) and error.report is not None:
+            error.args = (raised_words(error.report, stream.raise_at, step),)  # learnt late: the step it is raised at
         raise error
+
+
+def raised_words(report, agreed, step):
+    """The error's words when raised at optimizer ``step``: the step every rank agreed on, or, for a rank that
+    learnt the agreed step only after passing it (its training thread ran ahead of its worker), both steps."""
+    if step == agreed:
+        return "%s Raised at optimizer step %d, the step every rank agreed on." % (report.message(), step)
+    return ("%s Raised at optimizer step %d: the ranks agreed on step %d, which this rank had passed when it learnt "
+            "it." % (report.message(), step, agreed))
 
 
 def end_of_job(how):
