@@ -45,8 +45,14 @@ pytest_step() {  # name, pytest args...
 declare -A lane_pids
 lane() {  # name, function...
   local name=$1; shift
-  ( "$@"; exit $status ) > "results/lane-$name.log" 2>&1 &
+  ( "$@"; cpu_of "$name"; exit $status ) > "results/lane-$name.log" 2>&1 &
   lane_pids[$name]=$!
+}
+# A stage's CPU time: bash's `times` in the stage's own subshell (its second line counts every process it waited
+# for) -> results/cpu-NAME.txt, summed up per stage at the end (cpu_seconds).
+cpu_of() { times > "results/cpu-$1.txt"; }
+cpu_seconds() {  # a `times` output file -> user + system seconds of the processes waited for
+  tail -1 "$1" | awk '{ split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2] }'
 }
 finish_lane() {  # name
   wait "${lane_pids[$1]}" || status=1
@@ -150,7 +156,7 @@ finish_lane matrix-downloads
 TPU_CLOSURE_FIX_PORT_BLOCK=6 lane properties-benchmarks properties_and_benchmarks
 echo "== 2/3 release matrix (started at $(elapsed))"
 disk
-"$PY" scripts/matrix.py --results results --prune "$@" || status=1
+( "$PY" scripts/matrix.py --results results --prune "$@"; rc=$?; cpu_of matrix; exit $rc ) || status=1
 echo "   (matrix done at $(elapsed))"
 
 finish_lane unit
@@ -163,7 +169,12 @@ disk
 # the CPU time of every stage (bash's `times`: the children's line counts every process waited for, lanes included):
 # on 2 cores the run takes at least half of it
 times > results/times.txt  # in this shell: a command substitution's subshell has no children's times
-cpu=$(tail -1 results/times.txt | awk '{ split($1, u, /[ms]/); split($2, s, /[ms]/); printf "%d", u[1] * 60 + u[2] + s[1] * 60 + s[2] }')
-echo "== summary ($(elapsed) after the base venv was ready; $cpu s of CPU time in all stages together)"
+by_stage=""
+for file in results/cpu-*.txt; do
+  stage=${file#results/cpu-}; by_stage="$by_stage ${stage%.txt} $(cpu_seconds "$file"),"
+done
+echo "   (CPU seconds by stage:${by_stage%,})"
+echo "== summary ($(elapsed) after the base venv was ready; $(cpu_seconds results/times.txt) s of CPU time in all" \
+     "stages together)"
 "$PY" scripts/junit_summary.py results/junit-*.xml || status=1
 exit $status
