@@ -106,13 +106,7 @@ def replica(args):
     result.update(said=said, checks=hook.seen["checks"], drained=drained, xm_collectives=[],
                   port=None if handed is None else handed.port, made=None if handed is None else handed.made)
     del xm
-    out = os.path.join(args.out_dir, "rank-%d.json" % args.rank)
-    with open(out + ".part", "w") as handle:
-        json.dump(result, handle)
-    os.replace(out + ".part", out)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    _leave(args, result, 0)
 
 
 def _hold(args, handed):
@@ -143,13 +137,15 @@ def plain(args):
         result["ok"] = total.item() == args.world
     except Exception as exc:
         result["error"] = "%s: %s" % (type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-    out = os.path.join(args.out_dir, "rank-%d.json" % args.rank)
-    with open(out + ".part", "w") as handle:
-        json.dump(result, handle)
-    os.replace(out + ".part", out)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0 if result["ok"] else 1)
+    _leave(args, result, 0 if result["ok"] else 1)
+
+
+def _leave(args, result, code):
+    """Write ``DIR/rank-R.json`` and end the rank now (see :func:`support.ranks.leave`)."""
+    from support import ranks
+
+    ranks.write_result(os.path.join(args.out_dir, "rank-%d.json" % args.rank), result)
+    ranks.leave(code)
 
 
 def main(argv=None):

@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
 
 from support import features, ranks  # noqa: E402
+from support import handed as handed_checks  # noqa: E402
 from support.said import fresh, spoken  # noqa: E402
 from tpu_closure_fix import synccheck  # noqa: E402,F401  (SyncCheck imported: the recording has begun)
 from tpu_closure_fix.synccheck import comm, evidence, groups  # noqa: E402
@@ -50,25 +51,10 @@ def refused(monkeypatch):
     return attempts
 
 
-class DistributedChannel(comm.DistributedChannel):
-    """A process group's channel (rank 0 of 2) without a process group: the worker is replaced."""
-
-    def __init__(self, rank=0):
-        self.dist, self.rank, self.size, self.timeout = None, rank, 2, 5
-
-
 @pytest.fixture
 def handed(monkeypatch):
     """Every check goes to a list instead of the worker thread (the training thread's part runs as in a job)."""
-    from tpu_closure_fix.synccheck import worker
-
-    jobs = []
-    channel = DistributedChannel()
-    monkeypatch.setattr(comm, "channel", lambda timeout=None: channel)
-    monkeypatch.setattr(comm, "default_group_id", lambda: 1)
-    monkeypatch.setattr(worker, "stale", lambda group: False)
-    monkeypatch.setattr(worker, "submit", lambda job: jobs.append(job) or True)
-    return jobs
+    return handed_checks.hand_checks_to_a_list(monkeypatch)
 
 
 def model_and_optimizer():

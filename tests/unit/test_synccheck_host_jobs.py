@@ -17,13 +17,11 @@ import pytest
 pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
 
 from support import features, ports  # noqa: E402
+from support.ranks import REPO, TESTS  # noqa: E402
 from tpu_closure_fix.verify.child import run_children  # noqa: E402
 
 pytestmark = features.needs_step_hooks()  # the zero-code check
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TESTS = os.path.dirname(HERE)
-REPO = os.path.dirname(TESTS)
 TIMEOUT = 240
 STEPS = 9
 #: Checks per replica: before the first update, step 1, then every 3 steps.

@@ -19,14 +19,12 @@ import pytest
 pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
 
 from support import features  # noqa: E402
+from support.ranks import REPO, TESTS  # noqa: E402
 from tpu_closure_fix.synccheck import comm  # noqa: E402
 from tpu_closure_fix.verify.child import run_child  # noqa: E402
 
 pytestmark = features.needs_step_hooks()  # every case is the zero-code check
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-TESTS = os.path.dirname(HERE)
-REPO = os.path.dirname(TESTS)
 TIMEOUT = 180
 STEPS = 12
 #: Checks per replica: before the first update, step 1, then every 3 steps.

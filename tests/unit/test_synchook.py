@@ -23,7 +23,7 @@ if not hasattr(importlib.import_module("torch.optim.optimizer"), "register_optim
     pytest.skip("the zero-code SyncCheck needs torch >= 2.0 (its global step post-hook); torch %s here"
                 % torch.__version__, allow_module_level=True)
 
-from support import ports  # noqa: E402  (after the skip: needs torch)
+from support import handed as handed_checks, ports  # noqa: E402  (after the skip: needs torch)
 from support.said import fresh, spoken  # noqa: E402
 from test_startup import standin  # noqa: E402,F401  (the fixture: a folder with an empty torch_xla package)
 from tpu_closure_fix import config, settings, synccheck  # noqa: E402  (after the skip: needs torch)
@@ -636,25 +636,10 @@ def test_a_differing_check_says_so_in_its_info_line(verdict, caplog):
 
 
 # --------------------------------------------------------------------------- handed to the worker
-class DistributedChannel(comm.DistributedChannel):
-    """A process group's channel (rank ``rank`` of 2) without a process group: the worker is replaced."""
-
-    def __init__(self, rank=0):
-        self.dist, self.rank, self.size, self.timeout = None, rank, 2, 5
-
-
 @pytest.fixture
 def handed(monkeypatch):
     """Every check goes to a list instead of the worker thread; returns that list of worker.Job."""
-    from tpu_closure_fix.synccheck import worker
-
-    jobs = []
-    channel = DistributedChannel()
-    monkeypatch.setattr(comm, "channel", lambda timeout=None: channel)
-    monkeypatch.setattr(comm, "default_group_id", lambda: 1)
-    monkeypatch.setattr(worker, "stale", lambda group: False)
-    monkeypatch.setattr(worker, "submit", lambda job: jobs.append(job) or True)
-    return jobs
+    return handed_checks.hand_checks_to_a_list(monkeypatch)
 
 
 def test_with_a_process_group_the_training_thread_only_hands_checks_over(handed):
@@ -745,7 +730,7 @@ class HostChannel(comm.HostChannel):
         self.worker_scope = ("xla replica", rank)
 
 
-@pytest.mark.parametrize("made", [DistributedChannel, HostChannel], ids=["process-group", "xla-host"])
+@pytest.mark.parametrize("made", [handed_checks.DistributedChannel, HostChannel], ids=["process-group", "xla-host"])
 def test_every_store_channel_hands_the_check_to_the_worker(handed, monkeypatch, made):
     """With a process group or on torch_xla without one, the training thread only fingerprints: the
     fingerprint and each tensor's details reach the host in one transfer, so the worker never reads a device
@@ -755,7 +740,7 @@ def test_every_store_channel_hands_the_check_to_the_worker(handed, monkeypatch, 
     synchook.arm(1, "warn")
     step(sgd())
     assert [(job.pending.step, job.pending.channel) for job in handed] == [(0, channel), (1, channel)]
-    assert all(job.group == (1 if made is DistributedChannel else None) for job in handed)
+    assert all(job.group == (1 if made is handed_checks.DistributedChannel else None) for job in handed)
 
 
 def test_twin_a_channel_of_another_kind_is_checked_on_the_training_thread(handed, monkeypatch):
