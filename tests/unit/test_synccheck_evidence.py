@@ -177,6 +177,86 @@ def test_twin_a_model_out_of_reach_of_the_stack_names_nothing_the_positions_stay
         _KEPT.clear()
 
 
+def test_the_module_holding_most_parameters_names_each_a_submodule_in_reach_too_does_not(refused):
+    model, _ = model_and_optimizer()
+    layer = model[0]  # noqa: F841  (in reach of the stack: a candidate holding two of the four)
+    found = evidence.holders(list(model.parameters()))
+    assert sorted(name for name, _, _ in found.values()) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    assert {held for _, held, _ in found.values()} == {4}
+
+
+def _candidates_in_a_frame_of(module_name):
+    """The candidates seen from a frame of a function defined in a module named ``module_name``, a
+    model in its locals."""
+    namespace = {"__name__": module_name, "evidence": evidence, "torch": torch, "sys": sys}
+    exec("def look():\n    model = torch.nn.Linear(2, 2)\n    return model, evidence.candidates(sys._getframe())",
+         namespace)
+    model, found = namespace["look"]()
+    return any(candidate is model for candidate in found)
+
+
+def test_the_frames_of_the_shim_s_own_code_are_not_searched():
+    assert _candidates_in_a_frame_of("tpu_closure_fix.synccheck.compare") is False
+
+
+def test_twin_the_frame_of_a_user_s_function_is_searched():
+    assert _candidates_in_a_frame_of("train") is True
+
+
+def _recorded_is_a_candidate(kind):
+    model = torch.nn.Linear(2, 2)  # out of reach of the frame searched below but for the record
+    if kind is not None:
+        evidence.record(kind, model)
+    try:
+        return any(candidate is model for candidate in evidence.candidates(None))
+    finally:
+        evidence._made[kind or "ddp"].discard(model)
+
+
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
+def test_a_recorded_ddp_or_fsdp_module_is_a_candidate_out_of_reach_of_the_stack(kind):
+    assert _recorded_is_a_candidate(kind) is True
+
+
+def test_twin_the_same_module_not_recorded_is_not_a_candidate():
+    assert _recorded_is_a_candidate(None) is False
+
+
+class FlatParamHandleDouble(object):
+    """Stands for FSDP's FlatParamHandle (only its identity is recorded)."""
+
+
+class FullyShardedDouble(torch.nn.Module):
+    """Stands for FSDP's module class: a module whose FSDP submodules each hold their handle in ``_handle``."""
+
+    def __init__(self, inner=None, handle=None):
+        super().__init__()
+        self.inner = inner if inner is not None else torch.nn.Linear(2, 2)
+        self._handle = handle
+
+
+def _noted(monkeypatch, outer):
+    monkeypatch.setattr(evidence, "_class_of", lambda kind: FullyShardedDouble if kind == "fsdp" else None)
+    evidence.note(outer)
+    return evidence.made("fsdp"), evidence.made("handle")
+
+
+def test_an_fsdp_module_given_to_a_check_records_every_fsdp_module_inside_and_their_handles(monkeypatch):
+    handles = [FlatParamHandleDouble(), FlatParamHandleDouble()]
+    inner = FullyShardedDouble(handle=handles[1])
+    outer = FullyShardedDouble(inner, handles[0])
+    fsdp, recorded = _noted(monkeypatch, outer)
+    assert {id(m) for m in fsdp} >= {id(outer), id(inner)} and {id(h) for h in recorded} >= {id(h) for h in handles}
+
+
+def test_twin_a_plain_module_given_to_a_check_records_nothing(monkeypatch):
+    handle = FlatParamHandleDouble()
+    plain = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    plain._handle = handle
+    fsdp, recorded = _noted(monkeypatch, plain)
+    assert id(plain) not in {id(m) for m in fsdp} and id(handle) not in {id(h) for h in recorded}
+
+
 # --------------------------------------------------------------------------- the first check's work
 class Leaf(object):
     pass
