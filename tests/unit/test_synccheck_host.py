@@ -327,6 +327,36 @@ def test_a_channel_already_set_stands_and_no_store_is_made(monkeypatch):
 # --------------------------------------------------------------------------- per replica
 @pytest.mark.parametrize("dist, replica", [(None, 1), (_process_group(2), 0)],
                          ids=["no-process-group", "process-group"])
+def _starters_wrapped(times):
+    """A stand-in for torch_xla's pjrt module whose starters are wrapped ``times`` times (as a second import
+    hook, or a reload, would): how many wrappers stand between each starter and the original."""
+    import types
+
+    import wrapt
+
+    from tpu_closure_fix.synccheck import launch
+
+    module = types.ModuleType("pjrt_standin")
+    module.run_multiprocess = lambda fn, *args: fn(*args)
+    module.spawn_threads = lambda fn, *args: fn(*args)
+    for _ in range(times):
+        launch._wrap_starters(module)
+    depth = {}
+    for name in launch.STARTERS:
+        starter, depth[name] = getattr(module, name), 0
+        while isinstance(starter, wrapt.FunctionWrapper):
+            starter, depth[name] = starter.__wrapped__, depth[name] + 1
+    return depth
+
+
+def test_the_starters_are_wrapped_once_however_often_their_module_is_seen():
+    assert _starters_wrapped(3) == {"run_multiprocess": 1, "spawn_threads": 1}
+
+
+def test_twin_never_seen_the_starters_are_the_originals():
+    assert _starters_wrapped(0) == {"run_multiprocess": 0, "spawn_threads": 0}
+
+
 def test_the_replica_of_a_thread_is_its_ordinal_unless_a_process_group_makes_each_process_one(monkeypatch, dist,
                                                                                              replica):
     _xla(monkeypatch, 2, ordinal=lambda: 1, dist=dist)
