@@ -33,6 +33,8 @@ callback|tpu_closure_fix/synccheck/callback.py|tests/unit/test_callback_schedule
 decisions|tpu_closure_fix/synccheck/decisions.py|tests/unit/test_synccheck_rules.py
 report|tpu_closure_fix/synccheck/report.py|tests/unit/test_synccheck_said.py tests/unit/test_synccheck_rules.py tests/unit/test_synccheck_inprocess.py tests/unit/test_synchook.py
 calls|tpu_closure_fix/calls.py|tests/unit/test_calls.py tests/unit/test_calls_edges.py
+evidence|tpu_closure_fix/synccheck/evidence.py|tests/unit/test_synccheck_evidence.py
+launch|tpu_closure_fix/synccheck/launch.py|tests/unit/test_synccheck_host.py tests/unit/test_launcher.py
 "
 
 if [ ! -x "$VENV/bin/mutmut" ]; then
