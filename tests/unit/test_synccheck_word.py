@@ -242,6 +242,43 @@ def test_a_job_ended_by_sigterm_answers_its_last_check_then_ends_as_sigterm_ends
     assert DIVERGED not in runs[1].stderr
 
 
+#: A process whose SIGTERM handler is the check's (installed at its first check); ``compose`` installs after it a
+#: handler that records the signal and calls the one it found, as Lightning's signal connector does.
+SIGTERM_CHILD = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[2])
+from tpu_closure_fix.synccheck import worker
+worker._watch_sigterm()
+assert signal.getsignal(signal.SIGTERM) is worker._on_sigterm
+got = []
+if sys.argv[1] == "compose":
+    found = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: (got.append(signum), found(signum, frame)))
+os.kill(os.getpid(), signal.SIGTERM)
+print("survived", got)
+"""
+
+
+def _sigterm_child(mode, cwd):
+    """The child's process (``-I``: nothing from the working directory or the environment's paths)."""
+    return subprocess.run([sys.executable, "-I", "-c", SIGTERM_CHILD, mode, ranks.REPO], capture_output=True,
+                          text=True, timeout=120, cwd=str(cwd))
+
+
+def test_a_handler_installed_after_the_checks_that_calls_it_decides_and_the_process_goes_on(tmp_path):
+    import signal
+
+    proc = _sigterm_child("compose", tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "survived [%d]" % signal.SIGTERM, proc
+
+
+def test_twin_the_checks_handler_alone_ends_the_process_as_sigterm_does(tmp_path):
+    import signal
+
+    proc = _sigterm_child("alone", tmp_path)
+    assert proc.returncode == -signal.SIGTERM and proc.stdout == "", proc
+
+
 def test_the_checks_the_end_drops_are_said_in_one_line_warning_only_for_a_real_loss():
     import logging
     import types

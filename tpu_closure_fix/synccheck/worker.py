@@ -805,9 +805,16 @@ def _watch_sigterm():
 
 def _on_sigterm(signum, frame):
     """SIGTERM: the default action back first (a second SIGTERM ends the process at once), the checks handed over
-    answered or said dropped (:func:`finish`, bounded), then the signal again, to end as SIGTERM ends a process."""
+    answered or said dropped (:func:`finish`, bounded), then the signal again, to end as SIGTERM ends a process.
+
+    Only while this is SIGTERM's handler: one installed after it that calls it in turn (Lightning's signal
+    connector composes the handler it finds with its own, to stop gracefully or requeue) decides whether the
+    process ends, as it would have with the default action it replaced; if it does end, the exit answers the
+    checks (:func:`finish` at exit)."""
     import signal
 
+    if signal.getsignal(signal.SIGTERM) is not _on_sigterm:
+        return
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         finish()
