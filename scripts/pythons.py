@@ -11,8 +11,8 @@ interpreter has no torch to test with), then installs this checkout's wheel into
 and the start-up module are installed as a user gets them). A venv is kept while its stamp (the plan and the
 interpreter's full version) matches, so a second run only refreshes the wheel. ``test`` builds what is
 missing, then runs tests/unit in each venv (JUnit report results/junit-py<minor>-unit.xml; the cases marked
-``many_ranks``, four or more processes, and ``base_interpreter`` run in the base interpreter only) and the plan's
-targets (scripts/targets.py installs them into .cache/pythons/<minor>/targets with that interpreter; reports
+``many_ranks``, four or more processes, run in the base interpreter only) and the plan's targets
+(scripts/targets.py installs them into .cache/pythons/<minor>/targets with that interpreter; reports
 results/junit-py<minor>-<target>.xml). ``--skip-minor`` leaves out an interpreter whose unit tests another
 stage ran (scripts/test.sh: the base venv's); it is listed as such.
 
@@ -72,7 +72,7 @@ BUILDERS = 2
 #: jobs of gloo replica processes whose layouts, reports and channels run the same code on every interpreter, and
 #: the benchmarks' smoke runs. What a job does at its ends, where interpreters differ (exit hooks, a forked child's
 #: os._exit, SIGTERM, the worker thread at shutdown), is in test_synccheck_word.py and test_synccheck_threads.py,
-#: which every interpreter with torch runs (but their cases marked base_interpreter: the same on every interpreter).
+#: which every interpreter with torch runs.
 BASE_ONLY = ("test_synccheck_pod.py", "test_synccheck_layouts.py", "test_synccheck_replicas.py",
              "test_synccheck_host_threads.py", "test_synccheck_host_jobs.py", "test_synccheck_anchors_bench.py",
              "test_synccheck_probe_wall_bench.py", "test_synccheck_loop_bench.py",
@@ -264,8 +264,8 @@ def _test_each(present, builds, args, results):
             continue
         unit = os.path.join(results, junit_name(minor, "unit"))
         ignored = ["--ignore=tests/unit/%s" % module for module in ("test_properties.py",) + BASE_ONLY]
-        deselected = ["-m", "not many_ranks and not base_interpreter"]
-        ok = run_pytest(minor, ["tests/unit"] + ignored + deselected, unit, base_env(), "tests/unit") and ok
+        ok = run_pytest(minor, ["tests/unit"] + ignored + ["-m", "not many_ranks"], unit, base_env(),
+                        "tests/unit") and ok
         ok = run_targets(minor, results) and ok
     return ok
 

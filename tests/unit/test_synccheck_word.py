@@ -31,11 +31,6 @@ needs_step_hooks = pytest.mark.skipif(
     not hasattr(importlib.import_module("torch.optim.optimizer"), "register_optimizer_step_post_hook"),
     reason="the zero-code SyncCheck needs torch >= 2.0 (its global step hooks); torch %s here" % _torch.__version__)
 
-#: What every interpreter runs the same way (the per-tensor decisions, a long run keeping up): the other
-#: interpreters' runs (scripts/pythons.py) leave these cases to the base one; the job's ends, where interpreters
-#: differ, and the explicit calls, which older torch releases run too, stay on every interpreter.
-BASE_INTERPRETER = pytest.mark.base_interpreter
-
 SYNC = "TPU_CLOSURE_FIX_SYNC_CHECK"
 RAISE = {SYNC + "_ON_DIVERGENCE": "raise"}
 DIVERGED = "data-parallel replicas hold different parameters"
@@ -68,7 +63,6 @@ def _raised_by_the_job(runs, *said):
 
 # --------------------------------------------------------------------------- every decision per tensor
 @needs_step_hooks
-@BASE_INTERPRETER
 def test_a_rank_local_scale_is_set_aside_alone_and_a_later_divergence_beside_it_is_raised(tmp_path):
     runs = ranks.run_ranks("local-scale", 2, tmp_path, env=dict(RAISE, **{SYNC: "10"}), args=["--steps", "5000"])
     notes = [m for m in runs[0].messages if "set aside" in m]
@@ -79,7 +73,6 @@ def test_a_rank_local_scale_is_set_aside_alone_and_a_later_divergence_beside_it_
 
 
 @needs_step_hooks
-@BASE_INTERPRETER
 def test_twin_without_the_rank_local_scale_the_same_change_is_raised_and_nothing_is_set_aside(tmp_path):
     runs = ranks.run_ranks("local-scale", 2, tmp_path, env=dict(RAISE, **{SYNC: "10"}),
                            args=["--steps", "5000", "--variant", "twin"])
@@ -89,7 +82,6 @@ def test_twin_without_the_rank_local_scale_the_same_change_is_raised_and_nothing
 
 
 @needs_step_hooks
-@BASE_INTERPRETER
 def test_an_optimizer_built_afresh_each_epoch_inherits_what_its_tensors_were_seen_as(tmp_path):
     """Rank 1 stops reducing at step 200, the last step of the first epoch: the next epoch's new optimizer finds
     the difference at its first check (its step 0), a divergence, raised."""
@@ -101,7 +93,6 @@ def test_an_optimizer_built_afresh_each_epoch_inherits_what_its_tensors_were_see
 
 
 @needs_step_hooks
-@BASE_INTERPRETER
 def test_twin_every_epoch_reduced_runs_to_the_end_in_silence(tmp_path):
     runs = ranks.run_ranks("epochs", 2, tmp_path, env=dict(RAISE, **{SYNC: "1000"}),
                            args=["--steps", "450", "--variant", "twin"])
@@ -111,7 +102,6 @@ def test_twin_every_epoch_reduced_runs_to_the_end_in_silence(tmp_path):
 
 
 @needs_step_hooks
-@BASE_INTERPRETER
 def test_of_3000_tensors_the_one_rank_local_at_the_start_is_named_and_counted(tmp_path):
     runs = ranks.run_ranks("apart-3000", 2, tmp_path, env={SYNC: "5"}, args=["--steps", "6"])
     ranks.assert_all_ok(runs)
@@ -214,7 +204,6 @@ def test_twin_forked_children_with_the_same_update_say_nothing(tmp_path):
 
 
 @needs_step_hooks
-@BASE_INTERPRETER
 def test_a_divergence_at_every_check_for_1000_steps_is_said_once_then_briefly_and_never_stands_down(tmp_path):
     runs = ranks.run_ranks("repeat", 2, tmp_path, env={SYNC: "1"}, args=["--steps", "1000"], timeout=300)
     ranks.assert_all_ok(runs)
@@ -229,7 +218,6 @@ def test_a_divergence_at_every_check_for_1000_steps_is_said_once_then_briefly_an
 
 
 @needs_step_hooks
-@BASE_INTERPRETER
 def test_twin_the_same_job_in_sync_at_every_check_for_1000_steps_keeps_up_in_silence(tmp_path):
     runs = ranks.run_ranks("repeat", 2, tmp_path, env={SYNC: "1"}, args=["--steps", "1000", "--variant", "reduce"],
                            timeout=300)
