@@ -67,11 +67,14 @@ def _shared_run(scenario, world=2, env=None, name=None, unavailable=None):
     return shared
 
 
+#: One run of the 3,000-tensor scenario (section (i)), whose children also say which package they imported.
+many = _shared_run("many")
+
+
 # --------------------------------------------------------------------------- (a) a probe on rank 0 only
-def test_the_children_run_the_working_tree(tmp_path):
+def test_the_children_run_the_working_tree(many):
     """The venv holds an old copy of the package: the children must import this checkout's."""
-    runs = _ok(ranks.run_ranks("many", 2, tmp_path))
-    for run in runs:
+    for run in many:
         assert run.payload["modules"]["tpu_closure_fix"] == os.path.join(REPO, "tpu_closure_fix", "__init__.py")
         assert run.payload["modules"]["_tpu_closure_fix_startup"] == os.path.join(REPO, "startup",
                                                                                   "_tpu_closure_fix_startup.py")
@@ -503,9 +506,8 @@ def test_after_an_lbfgs_step_raised_the_twin_with_the_all_reduce_is_silent(tmp_p
 
 
 # --------------------------------------------------------------------------- (i) 3,000 tensors
-def test_one_of_3000_tensors_differing_is_named_exactly(tmp_path):
-    runs = _ok(ranks.run_ranks("many", 2, tmp_path))
-    for run in runs:
+def test_one_of_3000_tensors_differing_is_named_exactly(many):
+    for run in many:
         same = _by_case(run)["same"]
         assert same["outcome"] == "identical" and "all 3000 parameter tensors" in same["message"]
         report = _by_case(run)["one-differs"]
