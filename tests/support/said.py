@@ -8,6 +8,7 @@ process, so a test sees its own once-only messages.
 """
 import contextlib
 import logging
+import re
 
 LOGGER = "tpu_closure_fix.synccheck"
 
@@ -103,3 +104,28 @@ def record_into(seen):
     of what reaches stderr runs its child without this recorder."""
     logging.getLogger(LOGGER).addHandler(_Recorder(seen))
     return seen
+
+
+#: The words a ReplicaDivergenceError raised at an agreed step ends with: at that step, or, where the rank learnt
+#: the step only after passing it, at its next step naming both (docs/synccheck.md, ``on_divergence="raise"``).
+RAISED = re.compile(r"Raised at optimizer step (\d+)(?:, the step every rank agreed on\.|: the ranks agreed on step "
+                    r"(\d+), which this rank had passed when it learnt it\.)")
+
+
+def raised_steps(text):
+    """``(step raised at, step the ranks agreed on)`` from a ReplicaDivergenceError's words, or None."""
+    found = RAISED.search(text or "")
+    if found is None:
+        return None
+    at = int(found.group(1))
+    return at, int(found.group(2)) if found.group(2) else at
+
+
+def assert_raised_together(texts):
+    """The ranks' errors (``texts``) name one agreed step; each rank raised at it, or after it where it learnt it
+    late. Returns each rank's ``(raised at, agreed)``."""
+    steps = [raised_steps(text) for text in texts]
+    assert all(steps), texts
+    assert len(set(agreed for _, agreed in steps)) == 1, steps
+    assert all(at > agreed or "every rank agreed" in text for (at, agreed), text in zip(steps, texts)), steps
+    return steps

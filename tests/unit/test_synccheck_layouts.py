@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
 
-from support import ranks  # noqa: E402
+from support import ranks, said  # noqa: E402
 
 MANY_RANKS = pytest.mark.many_ranks
 needs_step_hooks = pytest.mark.skipif(
@@ -56,12 +56,10 @@ def test_twin_declared_world_the_same_job_is_a_divergence_raised_on_every_rank(t
     # steps on: the job runs long enough to reach it
     runs = ranks.run_ranks(scenario, 2, tmp_path, env=dict(ARMED, TPU_CLOSURE_FIX_SYNC_CHECK_GROUP="world"),
                            args=["--steps", "3000"])
-    steps = set()
     for run in runs:
         assert run.returncode == 3 and not run.timed_out, run.describe()
         assert run.failure.startswith("ReplicaDivergenceError") and "started different" in run.failure
-        steps.add(re.search(r"Raised at optimizer step (\d+)", run.failure).group(1))
-    assert len(steps) == 1, steps  # the same optimizer step on every rank
+    said.assert_raised_together([run.failure for run in runs])  # the optimizer step every rank agreed on
 
 
 # --------------------------------------------------------------------------- DDP on subgroups

@@ -18,6 +18,7 @@ pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch 
 import importlib.util  # noqa: E402
 
 from support import ranks  # noqa: E402
+from support import said as said_module  # noqa: E402
 
 #: Four or more processes: what they test (layouts, report counts at scale) does not depend on the
 #: interpreter, so the other interpreters' runs (scripts/pythons.py) leave them to the base one.
@@ -111,22 +112,22 @@ def test_raise_stops_every_rank_at_the_same_optimizer_step(tmp_path):
     """The verdict of the check at step 1 comes from the worker; every rank raises at the step they agreed."""
     env = {SYNC: "50", SYNC + "_ON_DIVERGENCE": "raise"}
     runs = ranks.run_ranks("probe", 2, tmp_path, env=env, args=["--variant", "noreduce", "--steps", "5000"])
-    raised_at = []
     for run in runs:
         assert run.returncode == 3 and not run.timed_out, run.describe()
         assert run.failure.startswith("ReplicaDivergenceError: SyncCheck: data-parallel replicas hold different "
                                       "parameters between the start (identical before the first optimizer step) "
                                       "and step 1"), run.failure
         assert "steps" not in run.result  # the loop did not run to its end
-        raised_at.append(re.search(r"Raised at optimizer step (\d+),", run.failure).group(1))
-    assert raised_at[0] == raised_at[1], raised_at
-    said = [m for m in runs[0].messages if "Every rank raises ReplicaDivergenceError at its optimizer step %s."
-            % raised_at[0] in m]
-    # no collective keeps these ranks in step: on a loaded machine rank 0 may run far enough ahead for its stream's
-    # quota of checks rank 1 has not reached to stand it down (said once) before the raise is known
-    others = [m for m in runs[0].messages if m not in said]
-    assert len(said) == 1 and runs[1].messages == [], runs[0].messages
-    assert all("stands down" in m and "not reached by every rank" in m for m in others) and len(others) <= 1, others
+    (_, agreed), _ = said_module.assert_raised_together([run.failure for run in runs])
+    said = [m for m in runs[0].messages if "Every rank raises ReplicaDivergenceError at its optimizer step %d."
+            % agreed in m]
+    # no collective keeps these ranks in step: on a loaded machine one rank may run far enough ahead for its
+    # stream's quota of checks the other has not reached to stand it down (said once, by that rank) before the
+    # raise is known
+    others = [m for run in runs for m in run.messages if m not in said]
+    assert len(said) == 1, runs[0].messages
+    assert all("stands down" in m and "not reached by every rank" in m for m in others), others
+    assert all(len([m for m in run.messages if m in others]) <= 1 for run in runs), others
 
 
 @needs_step_hooks

@@ -25,6 +25,7 @@ import pytest
 pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
 
 from support import ports, ranks  # noqa: E402
+from support.said import assert_raised_together, raised_steps  # noqa: E402
 
 _torch = importlib.import_module("torch")
 needs_step_hooks = pytest.mark.skipif(
@@ -39,8 +40,8 @@ TO_STDERR = {"SYNC_CHECK_TEST_RECORD": "0"}
 
 
 def _raised_at(run):
-    found = re.search(r"Raised at optimizer step (\d+),", run.failure or "")
-    return int(found.group(1)) if found else None
+    found = raised_steps(run.failure)
+    return found[0] if found else None
 
 
 def _raised_by_the_job(runs, *said):
@@ -57,7 +58,7 @@ def _raised_by_the_job(runs, *said):
         assert all(text in run.failure for text in said), run.failure
         assert run.result["steps"] < 5000
     if len(raised) == len(runs):
-        assert len(set(_raised_at(run) for run in runs)) == 1
+        assert_raised_together([run.failure for run in runs])
     return raised
 
 
