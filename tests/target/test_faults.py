@@ -33,6 +33,7 @@ import zipfile
 import pytest
 
 from conftest import REPO, TARGET, base_purelib, run_module, target_dir, warnings_of
+from support.package_copy import copy_package, write_source
 
 # These tests inject faults into one concrete release; the other matrix targets skip them.
 pytestmark = pytest.mark.skipif(TARGET != "pytorch-lightning==1.8.6", reason="fault tests run on PL 1.8.6 only")
@@ -61,13 +62,12 @@ def by_method(status):
 def overlay(tmp_path, edit):
     """A copy of the installed pytorch_lightning with ``edit(text)`` applied to the call-site module."""
     root = tmp_path / "overlay"
-    shutil.copytree(os.path.join(target_dir(), "pytorch_lightning"), str(root / "pytorch_lightning"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    copy_package(os.path.join(target_dir(), "pytorch_lightning"), root / "pytorch_lightning")
     path = root / "pytorch_lightning" / "plugins" / "precision" / "tpu.py"
     original = path.read_text()
     edited = edit(original)
     assert edited != original
-    path.write_text(edited)
+    write_source(path, edited)
     return [str(root), REPO, target_dir()]
 
 
@@ -137,7 +137,9 @@ def test_reload_of_the_call_site_module(tmp_path, wrapt_version):
         spec = importlib.util.spec_from_file_location("_targets", os.path.join(REPO, "scripts", "targets.py"))
         targets = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(targets)
-        wrapt_dir = [str(targets.install("pytorch-lightning==1.8.6+wrapt==1.14.1", root=str(tmp_path / "targets")))]
+        # one child imports it once: compiling it would cost more than it saves
+        wrapt_dir = [str(targets.install("pytorch-lightning==1.8.6+wrapt==1.14.1", root=str(tmp_path / "targets"),
+                                         byte_compile=False))]
     out, stderr, warned = scenario(tmp_path, "reload", pythonpath=[REPO] + wrapt_dir + [target_dir()])
     if wrapt_version == "1.14.1":
         assert out["wrapt"] == "1.14.1"
