@@ -219,3 +219,15 @@ def replica_runs(tmp_path_factory):
 
     scenarios = expectations.all_replica_scenarios(TARGET)
     return {shim: run_replicas(scenarios, shim, tmp_path_factory.mktemp("replicas")) for shim in (True, False)}
+
+
+@pytest.fixture(scope="session")
+def shim_wheel(tmp_path_factory):
+    """This checkout's wheel, built once per session for every test that installs or unpacks it."""
+    import glob
+
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), REPO], check=True,
+                   timeout=600)
+    (built,) = glob.glob(str(out / "tpu_closure_fix-*.whl"))
+    return built

@@ -211,27 +211,23 @@ def test_enable_late_warns_only_after_steps(tmp_path, steps, subclass, dropped):
         assert warned == [], stderr[-3000:]
 
 
-def test_read_only_site_packages():
+def test_read_only_site_packages(shim_wheel):
     """A wheel install into a fresh venv whose site-packages is then made read-only (the .pth still works)."""
     root = tempfile.mkdtemp(prefix="tcf-readonly-")
     try:
-        _read_only_scenario(pathlib.Path(root))
+        _read_only_scenario(pathlib.Path(root), shim_wheel)
     finally:
         for folder, dirs, files in os.walk(root):
             os.chmod(folder, 0o755)
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _read_only_scenario(tmp_path):
+def _read_only_scenario(tmp_path, wheel):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
     python = str(tmp_path / "venv" / "bin" / "python")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    wheel_dir = tmp_path / "wheel"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheel_dir), REPO], check=True,
-                   timeout=300)
-    (wheel,) = list(wheel_dir.glob("tpu_closure_fix-*.whl"))
-    with zipfile.ZipFile(str(wheel)) as zf:  # a pure wheel: installing it is unpacking it into site-packages
+    with zipfile.ZipFile(wheel) as zf:  # a pure wheel: installing it is unpacking it into site-packages
         zf.extractall(site)
     with open(os.path.join(site, "zz_base_venv.pth"), "w") as handle:  # torch, wrapt... after our own files
         handle.write(base_purelib() + "\n")
