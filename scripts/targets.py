@@ -407,8 +407,8 @@ def _run(cmd: List[str], env: Optional[Dict[str, str]] = None, timeout: float = 
 def _byte_compile(folder: Path, dest: Path) -> None:
     """Byte-compile an installed target once, by the interpreter that runs it, under its final path.
 
-    Every test child imports the target: under PYTHONDONTWRITEBYTECODE (set on the CI machine) an
-    uncompiled folder is compiled from source at every interpreter start, about 1.5 CPU-s per Lightning
+    Every test child imports the target: under PYTHONDONTWRITEBYTECODE (set in this machine's environment)
+    an uncompiled folder is compiled from source at every interpreter start, about 2 CPU-s per Lightning
     import, never cached. ``-d`` names the final folder in the code objects (the folder is renamed into
     place afterwards). A file that does not compile (a vendored Python 2 example) is only left uncompiled:
     the exit status is not checked, the import check that follows says whether the target works."""

@@ -5,6 +5,7 @@ target with the target's folder on PYTHONPATH and TPU_CLOSURE_FIX_TARGET set to
 its name. Without that variable these tests are not collected (they need a
 Lightning release); with it, a target that does not import is a failure.
 """
+import functools
 import json
 import os
 import re
@@ -231,3 +232,11 @@ def shim_wheel(tmp_path_factory):
                    timeout=600)
     (built,) = glob.glob(str(out / "tpu_closure_fix-*.whl"))
     return built
+
+
+@functools.lru_cache(maxsize=None)
+def cli_status_json(shim):
+    """``python -m tpu_closure_fix status --json`` with the shim on or off, run once per session: several modules
+    read the same child's output (a completed process; each reader parses its stdout afresh)."""
+    return subprocess.run([sys.executable, "-m", "tpu_closure_fix", "status", "--json"], env=child_env(shim),
+                          capture_output=True, text=True, timeout=300, cwd=TESTS)
