@@ -57,7 +57,7 @@ DEFAULT_ROOT = REPO / ".cache" / "targets"
 DEFAULT_WHEELS = REPO / ".cache" / "wheels"
 STAMP_NAME = ".tpu-closure-fix-target.json"
 # Bump when the install procedure itself changes, to invalidate old stamps.
-STAMP_FORMAT = 1
+STAMP_FORMAT = 2  # 2: the folder is byte-compiled at install (see _byte_compile)
 
 # Setuptools that still ships ``pkg_resources`` (82+ dropped it; torch 2.13
 # pulls 84.x into the venv).  Installed into the target, it shadows the venv's.
@@ -404,6 +404,17 @@ def _run(cmd: List[str], env: Optional[Dict[str, str]] = None, timeout: float = 
                           universal_newlines=True, timeout=timeout)
 
 
+def _byte_compile(folder: Path, dest: Path) -> None:
+    """Byte-compile an installed target once, by the interpreter that runs it, under its final path.
+
+    Every test child imports the target: under PYTHONDONTWRITEBYTECODE (set in this machine's environment)
+    an uncompiled folder is compiled from source at every interpreter start, about 2 CPU-s per Lightning
+    import, never cached. ``-d`` names the final folder in the code objects (the folder is renamed into
+    place afterwards). A file that does not compile (a vendored Python 2 example) is only left uncompiled:
+    the exit status is not checked, the import check that follows says whether the target works."""
+    _run([_python(), "-m", "compileall", "-q", "-q", "-d", str(dest), str(folder)])
+
+
 _VERIFY = textwrap.dedent(r"""
     import importlib, json, os, sys
     try:
@@ -504,8 +515,9 @@ def remove(name: str, root: Optional[os.PathLike] = None) -> bool:
     return True
 
 
-def install(name: str, root: Optional[os.PathLike] = None, force: bool = False) -> Path:
-    """Install target ``name`` into ``<root>/<slug>`` and return that folder.
+def install(name: str, root: Optional[os.PathLike] = None, force: bool = False, byte_compile: bool = True) -> Path:
+    """Install target ``name`` into ``<root>/<slug>`` and return that folder (byte-compiled unless
+    ``byte_compile`` is false: for a folder one interpreter imports once).
 
     Skips the install when the folder's stamp matches the requirement list
     (unless ``force``).  Fetches the wheels first (``fetch``), then installs
@@ -529,6 +541,8 @@ def install(name: str, root: Optional[os.PathLike] = None, force: bool = False) 
             raise TargetError("pip failed for target %s (exit %d): %s\n%s"
                               % (name, proc.returncode, " ".join(cmd), proc.stderr),
                               proc.stderr)
+        if byte_compile:
+            _byte_compile(tmp, dest)
         verify_imports(name, tmp)
         stamp = {"target": name, "hash": requirements_hash(name), "requirements": TARGETS[name]}
         (tmp / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")

@@ -4,15 +4,30 @@ A test presents the installed release as one the shim's table does not name (the
 same code with one method edited) by copying its package, rewriting ``version.info`` and putting the
 copy first on the path.
 """
+import glob
 import os
 import shutil
+
+
+def copy_package(source, destination):
+    """Copy a package folder with its byte-compiled files: the installed targets are compiled once at install,
+    and a child importing an uncompiled copy would compile all of it at every start (PYTHONDONTWRITEBYTECODE).
+    A file edited afterwards must go through :func:`write_source`, which drops its stale bytecode."""
+    shutil.copytree(str(source), str(destination))
+
+
+def write_source(path, text):
+    """Write ``text`` to the module file ``path`` and remove its cached bytecode: the cache is keyed by the source's
+    size and whole-second modification time, which an edit of the same size within the same second would not change."""
+    path.write_text(text)
+    for cached in glob.glob(os.path.join(str(path.parent), "__pycache__", path.stem + ".*.pyc")):
+        os.remove(cached)
 
 
 def copy_presented_as(installed_root, name, root, version):
     """Copy package ``name`` from ``installed_root`` to ``root / name``, claiming ``version``; returns the copy."""
     package = root / name
-    shutil.copytree(os.path.join(installed_root, name), str(package),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    copy_package(os.path.join(installed_root, name), package)
     (package / "version.info").write_text(version + "\n")
     return package
 
@@ -25,4 +40,4 @@ def replace_once(path, old, new, changed_message):
     """
     text = path.read_text()
     assert text.count(old) == 1, changed_message
-    path.write_text(text.replace(old, new))
+    write_source(path, text.replace(old, new))

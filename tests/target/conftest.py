@@ -5,6 +5,7 @@ target with the target's folder on PYTHONPATH and TPU_CLOSURE_FIX_TARGET set to
 its name. Without that variable these tests are not collected (they need a
 Lightning release); with it, a target that does not import is a failure.
 """
+import functools
 import json
 import os
 import re
@@ -104,6 +105,17 @@ ONLY_ON = {
 
 #: Targets without Lightning: only the modules that list them in ONLY_ON run there.
 NOT_LIGHTNING = ("accelerate==", "optimum-neuron==")
+
+
+def pytest_sessionstart(session):
+    """Byte-compile this checkout's shim and the tests' ``support`` package once: the children import them from the
+    checkout, and under PYTHONDONTWRITEBYTECODE (set in this machine's environment) each would compile them again
+    (about 0.15 CPU-s a child). The files land in ``__pycache__`` folders, which git and the wheel leave out."""
+    if TARGET:
+        import compileall
+
+        for folder in (os.path.join(REPO, "tpu_closure_fix"), os.path.join(TESTS, "support")):
+            compileall.compile_dir(folder, quiet=2)
 
 
 def pytest_ignore_collect(collection_path, config):
@@ -219,3 +231,23 @@ def replica_runs(tmp_path_factory):
 
     scenarios = expectations.all_replica_scenarios(TARGET)
     return {shim: run_replicas(scenarios, shim, tmp_path_factory.mktemp("replicas")) for shim in (True, False)}
+
+
+@pytest.fixture(scope="session")
+def shim_wheel(tmp_path_factory):
+    """This checkout's wheel, built once per session for every test that installs or unpacks it."""
+    import glob
+
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), REPO], check=True,
+                   timeout=600)
+    (built,) = glob.glob(str(out / "tpu_closure_fix-*.whl"))
+    return built
+
+
+@functools.lru_cache(maxsize=None)
+def cli_status_json(shim):
+    """``python -m tpu_closure_fix status --json`` with the shim on or off, run once per session: several modules
+    read the same child's output (a completed process; each reader parses its stdout afresh)."""
+    return subprocess.run([sys.executable, "-m", "tpu_closure_fix", "status", "--json"], env=child_env(shim),
+                          capture_output=True, text=True, timeout=300, cwd=TESTS)

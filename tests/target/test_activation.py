@@ -10,7 +10,6 @@ The fresh venv sees torch through a path line appended *after* its own
 site-packages (so its own wheel install of tpu-closure-fix and wrapt wins), and
 the target's Lightning through PYTHONPATH, as a user's --target install would.
 """
-import glob
 import json
 import os
 import subprocess
@@ -99,12 +98,8 @@ def test_import_with_switch_off_twin(probe_dir):
 
 # --------------------------------------------------------------------------- wheel + fresh venv
 @pytest.fixture(scope="session")
-def wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), REPO], check=True,
-                   timeout=600)
-    (built,) = glob.glob(str(out / "tpu_closure_fix-*.whl"))
-    return built
+def wheel(shim_wheel):
+    return shim_wheel
 
 
 def _fresh_venv(root, wheel, extra=()):
@@ -160,8 +155,18 @@ def status_json(python, probe_dir, pythonpath_extra=(), command="status"):
     return proc.returncode, json.loads(proc.stdout)
 
 
+@pytest.fixture(scope="session")
+def target_install_probe(target_install, probe_dir):
+    """The probe of a script started at the --target install (no import of the shim): the same child for
+    both commands' tests."""
+    python, folder = target_install
+    result, _ = run_probe(python, probe_dir, pythonpath_extra=[folder])
+    return result
+
+
 @pytest.mark.parametrize("command", ["status", "check"])
-def test_a_target_install_is_unprotected_naming_the_reason_and_the_fix(target_install, probe_dir, command):
+def test_a_target_install_is_unprotected_naming_the_reason_and_the_fix(target_install, target_install_probe,
+                                                                       probe_dir, command):
     python, folder = target_install
     code, out = status_json(python, probe_dir, pythonpath_extra=[folder], command=command)
     assert (code, out["outcome"], out["exit_code"]) == (1, "unprotected", 1), out["reason"]
@@ -173,8 +178,7 @@ def test_a_target_install_is_unprotected_naming_the_reason_and_the_fix(target_in
     if command == "check":  # no self-test line says "patched" either: they drive a fix that never runs there
         assert out["event_check"]["sites"] == [] and "start-up hook does not run" in out["event_check"]["not_run"]
     # the fact behind the verdict: a script started there (no import of the shim) runs the sites unpatched
-    result, _ = run_probe(python, probe_dir, pythonpath_extra=[folder])
-    assert_unpatched(result)
+    assert_unpatched(target_install_probe)
 
 
 def assert_rows_say_unpatched(out):
@@ -269,8 +273,16 @@ def test_wheel_ships_startup_files(pth_venv):
         assert handle.read().strip() == "_tpu_closure_fix_startup:install"
 
 
-def test_pth_auto_enable(pth_venv, probe_dir):
-    result = probe_in(pth_venv, probe_dir)
+@pytest.fixture(scope="session")
+def pth_default_probe(pth_venv, probe_dir):
+    """(PROBE output, process) of the .pth venv with the switch unset, every warning shown: the auto-enable
+    test and the unset row of the switch values read the same child."""
+    python, _ = pth_venv
+    return run_probe(python, probe_dir, args=["--warnings-always"])
+
+
+def test_pth_auto_enable(pth_default_probe):
+    result, _ = pth_default_probe
     assert result["before"] == [], "nothing of the shim may load before Lightning is imported"
     assert_patched(result)
 
@@ -331,10 +343,12 @@ def test_pythonstartup_interactive_only(bare_venv, probe_dir):
 @pytest.mark.parametrize("value,expect_patched,expect_warning", [
     (None, True, False), ("Yes", True, False), ("OFF", False, False), ("maybe", True, True),
 ])
-def test_switch_values(pth_venv, probe_dir, value, expect_patched, expect_warning):
+def test_switch_values(pth_venv, probe_dir, pth_default_probe, value, expect_patched, expect_warning):
     python, _ = pth_venv
-    extra = {} if value is None else {"TPU_CLOSURE_FIX": value}
-    result, proc = run_probe(python, probe_dir, env_extra=extra, args=["--warnings-always"])
+    if value is None:
+        result, proc = pth_default_probe
+    else:
+        result, proc = run_probe(python, probe_dir, env_extra={"TPU_CLOSURE_FIX": value}, args=["--warnings-always"])
     (assert_patched if expect_patched else assert_unpatched)(result)
     # a warning with its lines (a bad value's message starts on the line after Python's location prefix)
     warnings_seen = [line for line in rows(proc.stderr) if "TPUClosureFixWarning" in line]

@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-from conftest import TARGET, TESTS, child_env, defined_where
+from conftest import TARGET, TESTS, child_env, cli_status_json, defined_where
 from tpu_closure_fix import sites
 from tpu_closure_fix.verify import table
 
@@ -33,9 +33,7 @@ def check_json(shim):
 
 def installed_rows():
     """Status records of the installed, protected sites whose method is their own (not inherited)."""
-    proc = subprocess.run([sys.executable, "-m", "tpu_closure_fix", "status", "--json"], env=child_env(True),
-                          capture_output=True, text=True, timeout=300, cwd=TESTS)
-    records = json.loads(proc.stdout)["sites"]
+    records = json.loads(cli_status_json(True).stdout)["sites"]
     rows = {r.variant: r for r in sites.CALL_SITES}
     return {"%s:%s" % (r["module"], r["method"]): r for r in records
             if r["verdict"] in ("patched", "fixed upstream", "guarded") and r["variant"]

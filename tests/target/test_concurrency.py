@@ -53,17 +53,14 @@ def test_children_under_the_pth(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def bare_venv(tmp_path_factory):
+def bare_venv(tmp_path_factory, shim_wheel):
     """A fresh venv with the wheel unpacked into it, then its .pth/.start removed: no auto-enable."""
     root = tmp_path_factory.mktemp("bare")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=120)
     python = str(root / "venv" / "bin" / "python")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(root / "wheel"), REPO],
-                   check=True, timeout=300)
-    (wheel,) = list((root / "wheel").glob("tpu_closure_fix-*.whl"))
-    with zipfile.ZipFile(str(wheel)) as zf:
+    with zipfile.ZipFile(shim_wheel) as zf:
         zf.extractall(site)
     for name in ("tpu_closure_fix.pth", "tpu_closure_fix.start"):
         os.remove(os.path.join(site, name))

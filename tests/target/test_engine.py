@@ -9,14 +9,8 @@ import sys
 
 import pytest
 
-from conftest import REPO, TARGET, TESTS, child_env
+from conftest import REPO, TARGET, TESTS, child_env, cli_status_json
 from support import expectations
-
-
-def run(args, shim=True):
-    """``python ARGS`` in a fresh interpreter, the shim on or off (TPU_CLOSURE_FIX)."""
-    return subprocess.run([sys.executable] + list(args), env=child_env(shim), capture_output=True, text=True,
-                          timeout=300, cwd=TESTS)
 
 
 def lightning_sites():
@@ -93,13 +87,13 @@ def test_status_records(log):
 
 
 def test_cli_status_exit_codes_and_json():
-    enabled = run(["-m", "tpu_closure_fix", "status", "--json"], shim=True)
+    enabled = cli_status_json(True)
     assert enabled.returncode == 0, enabled.stdout + enabled.stderr[-2000:]
     records = json.loads(enabled.stdout)["sites"]
     patched = [r for r in records if r["verdict"] == "patched"]
     assert patched
     # The twin: the same environment with the switch off is reported, and gated, as unprotected.
-    disabled = run(["-m", "tpu_closure_fix", "status", "--json"], shim=False)
+    disabled = cli_status_json(False)
     assert disabled.returncode == 1
     off = {(r["module"], r["method"]): r for r in json.loads(disabled.stdout)["sites"]}
     for r in patched:

@@ -33,6 +33,7 @@ import zipfile
 import pytest
 
 from conftest import REPO, TARGET, base_purelib, run_module, target_dir, warnings_of
+from support.package_copy import copy_package, write_source
 
 # These tests inject faults into one concrete release; the other matrix targets skip them.
 pytestmark = pytest.mark.skipif(TARGET != "pytorch-lightning==1.8.6", reason="fault tests run on PL 1.8.6 only")
@@ -61,13 +62,12 @@ def by_method(status):
 def overlay(tmp_path, edit):
     """A copy of the installed pytorch_lightning with ``edit(text)`` applied to the call-site module."""
     root = tmp_path / "overlay"
-    shutil.copytree(os.path.join(target_dir(), "pytorch_lightning"), str(root / "pytorch_lightning"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    copy_package(os.path.join(target_dir(), "pytorch_lightning"), root / "pytorch_lightning")
     path = root / "pytorch_lightning" / "plugins" / "precision" / "tpu.py"
     original = path.read_text()
     edited = edit(original)
     assert edited != original
-    path.write_text(edited)
+    write_source(path, edited)
     return [str(root), REPO, target_dir()]
 
 
@@ -137,7 +137,9 @@ def test_reload_of_the_call_site_module(tmp_path, wrapt_version):
         spec = importlib.util.spec_from_file_location("_targets", os.path.join(REPO, "scripts", "targets.py"))
         targets = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(targets)
-        wrapt_dir = [str(targets.install("pytorch-lightning==1.8.6+wrapt==1.14.1", root=str(tmp_path / "targets")))]
+        # one child imports it once: compiling it would cost more than it saves
+        wrapt_dir = [str(targets.install("pytorch-lightning==1.8.6+wrapt==1.14.1", root=str(tmp_path / "targets"),
+                                         byte_compile=False))]
     out, stderr, warned = scenario(tmp_path, "reload", pythonpath=[REPO] + wrapt_dir + [target_dir()])
     if wrapt_version == "1.14.1":
         assert out["wrapt"] == "1.14.1"
@@ -209,27 +211,23 @@ def test_enable_late_warns_only_after_steps(tmp_path, steps, subclass, dropped):
         assert warned == [], stderr[-3000:]
 
 
-def test_read_only_site_packages():
+def test_read_only_site_packages(shim_wheel):
     """A wheel install into a fresh venv whose site-packages is then made read-only (the .pth still works)."""
     root = tempfile.mkdtemp(prefix="tcf-readonly-")
     try:
-        _read_only_scenario(pathlib.Path(root))
+        _read_only_scenario(pathlib.Path(root), shim_wheel)
     finally:
         for folder, dirs, files in os.walk(root):
             os.chmod(folder, 0o755)
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _read_only_scenario(tmp_path):
+def _read_only_scenario(tmp_path, wheel):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True, timeout=120)
     python = str(tmp_path / "venv" / "bin" / "python")
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    wheel_dir = tmp_path / "wheel"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheel_dir), REPO], check=True,
-                   timeout=300)
-    (wheel,) = list(wheel_dir.glob("tpu_closure_fix-*.whl"))
-    with zipfile.ZipFile(str(wheel)) as zf:  # a pure wheel: installing it is unpacking it into site-packages
+    with zipfile.ZipFile(wheel) as zf:  # a pure wheel: installing it is unpacking it into site-packages
         zf.extractall(site)
     with open(os.path.join(site, "zz_base_venv.pth"), "w") as handle:  # torch, wrapt... after our own files
         handle.write(base_purelib() + "\n")

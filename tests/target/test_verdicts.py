@@ -25,13 +25,13 @@ patches are ``disabled`` and their recorded order is the buggy one.
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 from conftest import PROBE_MARK, TARGET, TESTS, child_env, defined_where, target_dir
+from support.package_copy import copy_package, write_source
 
 PROTECTED = ("patched", "guarded", "fixed upstream")
 FABRIC_SITE = "lightning_fabric.plugins.precision.xla:XLAPrecision.optimizer_step"
@@ -72,14 +72,13 @@ def override(function):  # the no-op's name, bound to a decorator that wraps
 def _edit(path, old, new):
     text = path.read_text()
     assert text.count(old) == 1, "%s changed upstream? %r not found once" % (path, old)
-    path.write_text(text.replace(old, new))
+    write_source(path, text.replace(old, new))
 
 
 def presented(root, package, version, edits=()):
     """A copy of the installed ``package`` under ``root`` claiming ``version``, with ``edits``
     ((relative file, old, new)) applied; returns ``root``."""
-    shutil.copytree(os.path.join(target_dir(), package), str(root / package),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    copy_package(os.path.join(target_dir(), package), root / package)
     (root / package / "version.info").write_text(version + "\n")
     for relative, old, new in edits:
         _edit(root / package / relative, old, new)
