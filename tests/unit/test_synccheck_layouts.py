@@ -10,8 +10,6 @@ test_synccheck_rules.py.
 """
 import importlib
 
-import re
-
 import pytest
 
 torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: no torch here")
