@@ -108,14 +108,11 @@ NOT_LIGHTNING = ("accelerate==", "optimum-neuron==")
 
 
 def pytest_sessionstart(session):
-    """Byte-compile this checkout's shim and the tests' ``support`` package once: the children import them from the
-    checkout, and under PYTHONDONTWRITEBYTECODE (set in this machine's environment) each would compile them again
-    (about 0.15 CPU-s a child). The files land in ``__pycache__`` folders, which git and the wheel leave out."""
+    """The checkout compiled once for the children (:mod:`support.compiled`)."""
     if TARGET:
-        import compileall
+        from support.compiled import compile_checkout
 
-        for folder in (os.path.join(REPO, "tpu_closure_fix"), os.path.join(TESTS, "support")):
-            compileall.compile_dir(folder, quiet=2)
+        compile_checkout()
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -7,6 +7,13 @@ again, once ``monkeypatch`` has put the environment back, so no test's values le
 import pytest
 
 
+def pytest_sessionstart(session):
+    """The checkout compiled once for the children (:mod:`support.compiled`)."""
+    from support.compiled import compile_checkout
+
+    compile_checkout()
+
+
 @pytest.fixture(autouse=True)
 def _settings_as_the_environment_holds_them():
     yield

@@ -324,9 +324,6 @@ def test_a_channel_already_set_stands_and_no_store_is_made(monkeypatch):
     assert environ[comm.CHANNEL_VAR] == "10.0.0.7:29600:%s" % SECRET
 
 
-# --------------------------------------------------------------------------- per replica
-@pytest.mark.parametrize("dist, replica", [(None, 1), (_process_group(2), 0)],
-                         ids=["no-process-group", "process-group"])
 def _starters_wrapped(times):
     """A stand-in for torch_xla's pjrt module whose starters are wrapped ``times`` times (as a second import
     hook, or a reload, would): how many wrappers stand between each starter and the original."""
@@ -357,6 +354,9 @@ def test_twin_never_seen_the_starters_are_the_originals():
     assert _starters_wrapped(0) == {"run_multiprocess": 0, "spawn_threads": 0}
 
 
+# --------------------------------------------------------------------------- per replica
+@pytest.mark.parametrize("dist, replica", [(None, 1), (_process_group(2), 0)],
+                         ids=["no-process-group", "process-group"])
 def test_the_replica_of_a_thread_is_its_ordinal_unless_a_process_group_makes_each_process_one(monkeypatch, dist,
                                                                                              replica):
     _xla(monkeypatch, 2, ordinal=lambda: 1, dist=dist)
