@@ -20,7 +20,8 @@ BLOCKING_CALLS = 3
 #: The worker blocks on a second connection to the store (``clone``) and reads slots with ``check``; a torch whose
 #: stores have neither (1.x) keeps the polling worker, whose shape the twins show on every torch.
 WATCHABLE = pytest.mark.skipif(not all(hasattr(dist.HashStore, name) for name in ("check", "clone")),
-                               reason="this torch's stores have no check/clone: its worker polls (see the twins)")
+                               reason="this torch's stores have no check/clone: its agreement and worker poll "
+                                      "(see the twins)")
 
 
 class CountingStore(object):
@@ -64,6 +65,7 @@ def _agree_with_a_late_rank(late):
     return store.calls[threading.current_thread().name], answers
 
 
+@WATCHABLE  # the wait is on a connection of the thread's own (a clone): where stores have none, the agreement polls
 @pytest.mark.parametrize("late", LATE)
 def test_the_agreement_blocks_on_the_store_however_long_the_other_rank_takes(monkeypatch, late):
     monkeypatch.setattr(comm, "blocking_wait_safe", lambda: True)
