@@ -13,7 +13,8 @@ import os
 import sys
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from tpu_closure_fix import config, settings
@@ -102,7 +103,8 @@ def site():
     sys.modules.pop("torch_xla", None)
 
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = hypothesis_settings(max_examples=40, deadline=None,
+                               suppress_health_check=[HealthCheck.function_scoped_fixture])
 EXCEPTIONS = st.sampled_from([ValueError, RuntimeError, KeyError, ZeroDivisionError, MemoryError, KeyboardInterrupt])
 
 
