@@ -21,14 +21,24 @@ def test_vote(arrived, now, expected):
 
 
 class _Job(object):
-    def __init__(self, key, decision):
-        self.key, self.decision = key, decision
+    def __init__(self, key, decision, stream_key=None):
+        self.key, self.decision, self.stream_key = key, decision, stream_key
 
 
 def test_the_proposal_is_the_first_check_agreed_go():
     jobs = [_Job("a", None), _Job("b", "go"), _Job("c", "go")]
     assert worker.proposal(jobs) == "b"
     assert worker.proposal([_Job("a", None), _Job("x", "abort")]) is None
+
+
+def test_the_proposal_never_puts_a_streams_later_check_before_its_older_one():
+    """The last rank in votes "go" on arrival: here D/1 is agreed while D/0 was not polled yet. D/1 waits for
+    D/0 (exchanged first it would read D's history as its first look); another stream's agreed check goes."""
+    later_first = [_Job("G/0", None, "G"), _Job("D/0", None, "D"), _Job("D/1", "go", "D")]
+    assert worker.proposal(later_first) is None
+    assert worker.proposal(later_first + [_Job("P/0", "go", "P")]) == "P/0"
+    assert worker.proposal([_Job("D/0", "go", "D"), _Job("D/1", "go", "D")]) == "D/0"
+    assert worker.proposal([_Job("G/0", None, "G"), _Job("D/1", "go", "D")]) == "D/1"
 
 
 def test_the_raise_proposal_leads_by_the_ranks_own_pace():
@@ -121,6 +131,37 @@ def test_checks_fingerprinted_in_opposite_orders_are_exchanged_alike():
         assert sorted(outcome.reports) == ["A/0", "B/0"]
         assert [outcome.reports[k].outcome for k in ("A/0", "B/0")] == ["identical", "identical"]
         assert [len(outcome.reports[k].names) for k in ("A/0", "B/0")] == [2, 2]
+
+
+def test_a_streams_checks_are_exchanged_in_order_when_a_later_one_is_agreed_first():
+    """Rank 0 hands over A/0 first (not the last rank: no vote), rank 1 then A/0 (last: "go") and A/1, rank 0
+    A/1 (last: "go"). Rank 0's worker starts first, holding A/0 unpolled and A/1 agreed: every rank still
+    exchanges A/0 first, so A/0 is the stream's first check and A/1 its second (out of order, A/1 read the
+    history as the first look and A/0 came after it)."""
+    import time
+
+    store, world = dist.HashStore(), ThreadWorld(2)
+    outcomes, workers = [Outcome(), Outcome()], [worker.Worker(), worker.Worker()]
+    model = _models()["A"]
+    channels = [StoreChannel(world, rank, store, 10.0) for rank in range(2)]
+    streams = [compare.Stream("A"), compare.Stream("A")]
+    jobs = [[outcomes[r].job(channels[r], streams[r], model, step, 2) for step in (0, 1)] for r in range(2)]
+    for rank, index in ((0, 0), (1, 0), (1, 1), (0, 1)):
+        workers[rank]._arrive(jobs[rank][index])
+    assert [j.decision for j in jobs[0]] == [None, "go"] and [j.decision for j in jobs[1]] == ["go", None]
+    try:
+        workers[0].start()
+        time.sleep(0.5)  # rank 0's worker has proposed (or found nothing to propose) before rank 1's starts
+        workers[1].start()
+        for outcome in outcomes:
+            assert outcome.done.wait(30)
+    finally:
+        for each in workers:
+            each.stop(5)
+    for outcome in outcomes:
+        assert outcome.stood_down == {}
+        assert outcome.events == ["A/0", "A/1"]
+        assert [outcome.reports[k].first_check for k in ("A/0", "A/1")] == [True, False]
 
 
 def test_a_check_one_rank_never_reaches_stands_down_naming_the_ranks_and_holds_no_other():

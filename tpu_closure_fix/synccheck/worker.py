@@ -175,10 +175,19 @@ def stalled(jobs, moved, now, quiet):
 
 
 def proposal(jobs):
-    """The check this rank proposes for the next exchange: its first pending check agreed "go" (None: none)."""
+    """The check this rank proposes for the next exchange: its first pending check agreed "go" that is the oldest
+    pending check of its stream (None: none). A stream's checks are exchanged in the order every rank handed
+    them over: the last rank in votes "go" as it arrives, so here a stream's later check may be agreed before
+    its earlier one is polled, and exchanged first it would read the stream's history as if it were the first."""
+    open_streams = set()
     for job in jobs:
+        stream = getattr(job, "stream_key", None)
+        if stream is not None and stream in open_streams:
+            continue  # an older check of its stream is still pending: that one goes first
         if job.decision == "go":
             return job.key
+        if stream is not None:
+            open_streams.add(stream)
     return None
 
 
