@@ -191,6 +191,24 @@ def order_scenarios(target):
     return ([ORDER_TRAINER] if has_trainer(target) else []) + (list(ORDER_LITE) if has_lite(target) else [])
 
 
+#: SyncCheck's replica scenarios (tests/target/test_synccheck.py): a check every SYNCCHECK_EVERY of SYNCCHECK_STEPS
+SYNCCHECK_EVERY = 2
+SYNCCHECK_STEPS = 6
+
+
+def synccheck_scenarios(target):
+    """The replica scenarios with SyncCheck attached (Lightning >= 1.5): the Trainer's callback, Lite/Fabric's call."""
+    out = []
+    dist, version = parse_target(target)
+    if has_trainer(target) and version >= Version("1.5"):
+        out.append({"name": "synccheck-trainer", "api": "trainer", "optimizer": "sgd", "steps": SYNCCHECK_STEPS,
+                    "synccheck": SYNCCHECK_EVERY})
+    if has_lite(target):
+        out.append({"name": "synccheck-lite", "api": "lite", "optimizer": "sgd", "steps": SYNCCHECK_STEPS,
+                    "synccheck": SYNCCHECK_EVERY})
+    return out
+
+
 def all_replica_scenarios(target):
     """Everything the replica processes run for ``target``: equivalence scenarios, then event-order ones."""
     return scenarios(target) + order_scenarios(target)

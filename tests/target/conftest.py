@@ -218,16 +218,23 @@ def target():
 
 
 @pytest.fixture(scope="session")
-def replica_runs(tmp_path_factory):
-    """{shim: {rank: result}} for every replica scenario of the target, one launch per shim mode.
-
-    Shared by test_replicas.py and test_event_order.py so the 2 x 2 replica processes (each importing
-    Lightning) start once per target.
-    """
+def replica_scenarios(request):
+    """What the shared replica launch runs: every replica scenario of the target, then SyncCheck's where
+    test_synccheck.py is collected (the same processes, settings and shim modes as its own launch would be)."""
     from support import expectations
 
-    scenarios = expectations.all_replica_scenarios(TARGET)
-    return {shim: run_replicas(scenarios, shim, tmp_path_factory.mktemp("replicas")) for shim in (True, False)}
+    synccheck = any(os.path.basename(str(item.fspath)) == "test_synccheck.py" for item in request.session.items)
+    return expectations.all_replica_scenarios(TARGET) + (expectations.synccheck_scenarios(TARGET) if synccheck else [])
+
+
+@pytest.fixture(scope="session")
+def replica_runs(tmp_path_factory, replica_scenarios):
+    """{shim: {rank: result}} for every replica scenario of the target, one launch per shim mode.
+
+    Shared by test_replicas.py, test_event_order.py and test_synccheck.py so the 2 x 2 replica processes
+    (each importing Lightning) start once per target.
+    """
+    return {shim: run_replicas(replica_scenarios, shim, tmp_path_factory.mktemp("replicas")) for shim in (True, False)}
 
 
 @pytest.fixture(scope="session")

@@ -103,10 +103,12 @@ def wheel(shim_wheel):
 
 
 def _fresh_venv(root, wheel, extra=()):
-    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=300)
+    # no pip of its own (ensurepip costs more than the rest of the fixture): this interpreter's pip installs into
+    # the venv's interpreter (``--python``), as that venv's own pip would
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=300)
     python = str(root / "bin" / "python")
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", wheel, "wrapt", "packaging"] + list(extra),
-                   check=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-deps", wheel, "wrapt",
+                    "packaging"] + list(extra), check=True, timeout=600)
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     # torch (and the rest of the base venv) *after* the fresh venv's own packages:
@@ -287,8 +289,17 @@ def test_pth_auto_enable(pth_default_probe):
     assert_patched(result)
 
 
-def test_pth_switch_off_twin(pth_venv, probe_dir):
-    assert_unpatched(probe_in(pth_venv, probe_dir, env_extra={"TPU_CLOSURE_FIX": "off"}))
+@pytest.fixture(scope="session")
+def pth_off_probe(pth_venv, probe_dir):
+    """(PROBE output, process) of the .pth venv with the switch off, every warning shown: the auto-enable twin and
+    the off row of the switch values read the same child."""
+    python, _ = pth_venv
+    return run_probe(python, probe_dir, env_extra={"TPU_CLOSURE_FIX": "OFF"}, args=["--warnings-always"])
+
+
+def test_pth_switch_off_twin(pth_off_probe):
+    result, _ = pth_off_probe
+    assert_unpatched(result)
 
 
 def test_pth_idle_interpreter_pays_nothing(pth_venv, probe_dir):
@@ -343,10 +354,12 @@ def test_pythonstartup_interactive_only(bare_venv, probe_dir):
 @pytest.mark.parametrize("value,expect_patched,expect_warning", [
     (None, True, False), ("Yes", True, False), ("OFF", False, False), ("maybe", True, True),
 ])
-def test_switch_values(pth_venv, probe_dir, pth_default_probe, value, expect_patched, expect_warning):
+def test_switch_values(pth_venv, probe_dir, pth_default_probe, pth_off_probe, value, expect_patched, expect_warning):
     python, _ = pth_venv
     if value is None:
         result, proc = pth_default_probe
+    elif value == "OFF":
+        result, proc = pth_off_probe
     else:
         result, proc = run_probe(python, probe_dir, env_extra={"TPU_CLOSURE_FIX": value}, args=["--warnings-always"])
     (assert_patched if expect_patched else assert_unpatched)(result)

@@ -130,16 +130,7 @@ def test_reload_of_the_call_site_module(tmp_path, wrapt_version):
     """Also the oldest supported wrapt (matrix target pytorch-lightning==1.8.6+wrapt-1.14.1): patched, no warning."""
     wrapt_dir = []
     if wrapt_version == "1.14.1":
-        # the matrix target with the oldest supported wrapt, installed into this test's own folder: the matrix
-        # deletes its shared copy after that target's tests (--prune), possibly while this test runs
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("_targets", os.path.join(REPO, "scripts", "targets.py"))
-        targets = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(targets)
-        # one child imports it once: compiling it would cost more than it saves
-        wrapt_dir = [str(targets.install("pytorch-lightning==1.8.6+wrapt==1.14.1", root=str(tmp_path / "targets"),
-                                         byte_compile=False))]
+        wrapt_dir = [oldest_wrapt(tmp_path / "wrapt")]
     out, stderr, warned = scenario(tmp_path, "reload", pythonpath=[REPO] + wrapt_dir + [target_dir()])
     if wrapt_version == "1.14.1":
         assert out["wrapt"] == "1.14.1"
@@ -151,6 +142,22 @@ def test_reload_of_the_call_site_module(tmp_path, wrapt_version):
     # a Trainer built before the reload keeps the old class, whose wrapper stays in place and active
     assert out["old_class_step"] == ["closure", "reduce_gradients", "mark_step"]
     assert warned == [], stderr[-3000:]
+
+
+def oldest_wrapt(folder):
+    """The oldest supported wrapt alone, installed into ``folder`` from the wheels of the matrix target that pins it
+    (over the same Lightning 1.8.6 pins): what that target puts before the venv's wrapt, without a second copy of
+    Lightning and its dependencies. Its own folder: the matrix deletes the target's after its tests (--prune)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_targets", os.path.join(REPO, "scripts", "targets.py"))
+    targets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(targets)
+    wheels = targets.fetch("pytorch-lightning==1.8.6+" + targets.WRAPT_OLDEST)  # a no-op once fetched
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
+                    "--disable-pip-version-check", "--find-links", str(wheels), "--target", str(folder),
+                    targets.WRAPT_OLDEST], check=True, timeout=600)
+    return str(folder)
 
 
 def test_lightning_from_a_zip(tmp_path):

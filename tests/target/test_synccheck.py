@@ -1,11 +1,11 @@
 """Issue #5: SyncCheck on the simulated replicas (support.replica, real Lightning, torch_xla stand-in).
 
-Two replica processes train with SyncCheck attached (scenario key ``"synccheck": N``: the Trainer gets a
-``SyncCheck(every=N)`` callback, the Lite/Fabric loop calls ``check_sync(model, step, every=N)``). The
-comparison goes through the backend SyncCheck picks: torch.distributed (a gloo group of its own), since a
-process group is initialised there -- even though torch_xla (the stand-in) is imported with world size 2.
-The callback checks when training starts (step 0), after step 1 and every N steps; ``check_sync``, called
-after each step, at step 1 and every N steps.
+Two replica processes train with SyncCheck attached (in the launch conftest.replica_runs shares; scenario key
+``"synccheck": N``: the Trainer gets a ``SyncCheck(every=N)`` callback, the Lite/Fabric loop calls
+``check_sync(model, step, every=N)``). The comparison goes through the backend SyncCheck picks:
+torch.distributed (a gloo group of its own), since a process group is initialised there -- even though
+torch_xla (the stand-in) is imported with world size 2. The callback checks when training starts (step 0),
+after step 1 and every N steps; ``check_sync``, called after each step, at step 1 and every N steps.
 
 * Without the shim (TPU_CLOSURE_FIX=0), where the release is affected: the replicas start identical
   (step 0), then every check reports divergence and warns, naming the step, the worst parameter, the
@@ -20,28 +20,13 @@ import subprocess
 import sys
 
 import pytest
-from packaging.version import Version
 
 from conftest import REPLICAS, REPO, TARGET, TIMEOUT, child_env, defined_where, target_dir
 from support import expectations, ranks
 
-EVERY = 2
-STEPS = 6
-
-
-def _scenarios():
-    out = []
-    dist, version = expectations.parse_target(TARGET)
-    if expectations.has_trainer(TARGET) and version >= Version("1.5"):
-        out.append({"name": "synccheck-trainer", "api": "trainer", "optimizer": "sgd", "steps": STEPS,
-                    "synccheck": EVERY})
-    if expectations.has_lite(TARGET):
-        out.append({"name": "synccheck-lite", "api": "lite", "optimizer": "sgd", "steps": STEPS,
-                    "synccheck": EVERY})
-    return out
-
-
-SCENARIOS = _scenarios()
+EVERY = expectations.SYNCCHECK_EVERY
+STEPS = expectations.SYNCCHECK_STEPS
+SCENARIOS = expectations.synccheck_scenarios(TARGET)
 AFFECTED = {"synccheck-trainer": expectations.trainer_affected(TARGET),
             "synccheck-lite": expectations.lite_affected(TARGET)}
 
@@ -58,8 +43,10 @@ def run_replicas(shim, tmp_path, world=REPLICAS):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return {shim: run_replicas(shim, tmp_path_factory.mktemp("synccheck")) for shim in (True, False)}
+def runs(replica_runs, replica_scenarios):
+    """The shared replica launch (conftest.replica_runs), which runs these scenarios after the others."""
+    assert [s["name"] for s in replica_scenarios[-len(SCENARIOS):]] == [s["name"] for s in SCENARIOS]
+    return replica_runs
 
 
 def _sync(runs, shim, rank, name):
