@@ -1,6 +1,6 @@
-"""The lifecycle contract's cases, run against one site family in one child process.
+"""The lifecycle contract's cases, run against site families in one child process.
 
-Run as ``python -S -m support.lifecycle FAMILY OUT`` (``tests``, the repo, the
+Run as ``python -S -m support.lifecycle FAMILY OUT [FAMILY OUT ...]`` (``tests``, the repo, the
 target and the base venv's site-packages on PYTHONPATH; ``-S`` keeps the .pth
 auto-enable out of the picture, so only the listed operations act). torch is
 imported once; then every case, and every branch of the orderings walk, runs in
@@ -286,16 +286,21 @@ def _preload(family):
 
 
 def main(argv=None):
-    name, out = (argv or sys.argv[1:])[:2]
+    """``FAMILY OUT [FAMILY OUT ...]``: each family's cases and walk in turn, from the same parent (torch
+    imported once for all of them; each family's preloads only add dependencies, never a framework)."""
+    args = list(argv or sys.argv[1:])
+    if not args or len(args) % 2:
+        raise SystemExit("usage: python -S -m support.lifecycle FAMILY OUT [FAMILY OUT ...]")
     from support import families
 
     _capture_warnings()
-    family = families.family(name)
     _warm_up_torch()  # torch is shared by every child: imported once, before the first fork
-    _preload(family)
-    for case in CASES:
-        _in_child(out, case, lambda case=case: _write(out, dict(CASE_FUNCTIONS[case](family), case=case)))
-    walk(family, out, [list(o) for o in orders()], [])
+    for name, out in zip(args[::2], args[1::2]):
+        family = families.family(name)
+        _preload(family)
+        for case in CASES:
+            _in_child(out, case, lambda case=case: _write(out, dict(CASE_FUNCTIONS[case](family), case=case)))
+        walk(family, out, [list(o) for o in orders()], [])
     return 0
 
 

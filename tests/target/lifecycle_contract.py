@@ -10,7 +10,7 @@ site family inherits them with one small subclass (see test_lifecycle.py)::
     class TestSomeFamily(LifecycleContract):
         family = "some-family"   # a support.families.Family subclass, by name
 
-One child process per family runs every case (support.lifecycle, forking per
+One child process runs every case of every family collected (support.lifecycle, forking per
 case and per branch of the orderings); the tests read its records. What each
 step must record -- the fixed, the original and the guarded order -- comes
 from the family (support/families.py), written from the history of the code
@@ -30,19 +30,35 @@ from conftest import REPO, TESTS, base_purelib, target_dir
 from support import lifecycle
 
 
-def _run_family(name, out):
-    """One ``python -S -m support.lifecycle NAME OUT`` child; returns its records."""
+def _run_families(names, folder):
+    """One ``python -S -m support.lifecycle NAME OUT ...`` child for every family of ``names``, started in
+    ``folder`` (nothing in it shadows a module), which holds their OUT files; returns {name: its records}."""
     import subprocess
 
     env = {k: v for k, v in os.environ.items() if k not in ("TPU_CLOSURE_FIX", "PYTHONWARNINGS")}
     env["PYTHONPATH"] = os.pathsep.join([REPO, target_dir(), base_purelib(), TESTS])
-    proc = subprocess.run([sys.executable, "-S", "-m", "support.lifecycle", name, str(out)], env=env,
-                          capture_output=True, text=True, timeout=900, cwd=str(out.parent))
+    outs = {name: folder / ("%s.jsonl" % name) for name in sorted(names)}
+    args = [str(part) for name, out in outs.items() for part in (name, out)]
+    proc = subprocess.run([sys.executable, "-S", "-m", "support.lifecycle"] + args, env=env,
+                          capture_output=True, text=True, timeout=900 * len(outs), cwd=str(folder))
     assert proc.returncode == 0, proc.stderr[-4000:]
     import json
 
-    with open(str(out)) as handle:
-        return [json.loads(line) for line in handle]
+    records = {}
+    for name, out in outs.items():
+        with open(str(out)) as handle:
+            records[name] = [json.loads(line) for line in handle]
+    return records
+
+
+#: {family: records}, from the one child that ran every family collected in this session
+_RECORDS = {}
+
+
+def _families_collected(session):
+    """The families of the LifecycleContract subclasses among the session's tests."""
+    return {item.cls.family for item in session.items
+            if getattr(item, "cls", None) is not None and issubclass(item.cls, LifecycleContract)}
 
 
 class LifecycleContract(object):
@@ -59,9 +75,11 @@ class LifecycleContract(object):
 
     @pytest.fixture(scope="class")
     @classmethod
-    def records(cls, tmp_path_factory):
-        out = tmp_path_factory.mktemp("lifecycle-" + cls.family) / "records.jsonl"
-        records = _run_family(cls.family, out)
+    def records(cls, tmp_path_factory, request):
+        if cls.family not in _RECORDS:  # the first family asked for runs them all, in one child
+            names = _families_collected(request.session) | {cls.family}
+            _RECORDS.update(_run_families(names, tmp_path_factory.mktemp("lifecycle")))
+        records = _RECORDS[cls.family]
         errors = [r for r in records if "error" in r]
         assert not errors, errors
         return records
