@@ -18,10 +18,13 @@
 # All progress goes to stderr; stdout is exactly one line, the interpreter:
 #   XLA_PY=$(bash scripts/xla_env.sh 2.9)   ->   <DIR>/bin/python
 #
-# Disk: to keep the peak close to the finished size, the packages are resolved once
-# (pip --dry-run --report) and then installed in stages, the large CUDA/torch wheels one pip
-# call each (a downloaded wheel is freed when its call ends), never through pip's cache
-# (--no-cache-dir).  Before building, the free space of DIR's file system is checked against
+# Disk: to keep the peak close to the finished size, the large CUDA/torch wheels are installed
+# first, one pip call each (a downloaded wheel is freed when its call ends), never through pip's
+# cache (--no-cache-dir): torch and torch_xla, then the large packages their installed metadata
+# requires, until none is missing; then one resolution of all the pins installs the small rest
+# and keeps what is installed.  Each wheel is downloaded once (a resolution before installing
+# downloads every wheel whole when the index serves no separate metadata).
+# Before building, the free space of DIR's file system is checked against
 # XLA_ENV_NEED_GB (default: 6 for 2.1, 9 for 2.9); too little is an error that names both
 # figures.  A venv this script created and could not finish is deleted again, so a failed
 # build leaves no gigabytes behind.
@@ -108,6 +111,26 @@ print(f"[xla_env] torch {torch.__version__}, torch_xla {torch_xla.__version__}, 
 PY
 }
 
+missing_large_requirements() {  # requirements of the installed packages on large ones not installed yet, one a line
+  "$DIR/bin/python" - <<'PY'
+import re
+from importlib import metadata
+from pip._vendor.packaging.requirements import Requirement  # the venv's own pip: no other package needed yet
+
+LARGE = re.compile(r"^(nvidia-|torch$|torch[-_]xla$|triton$)", re.I)
+installed = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in metadata.distributions()}
+wanted = {}
+for dist in metadata.distributions():
+    for line in dist.requires or []:
+        req = Requirement(line)
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        if LARGE.match(name) and (req.marker is None or req.marker.evaluate({"extra": ""})):
+            if name not in installed:
+                wanted.setdefault(name, str(req.specifier))
+print("\n".join(name + spec for name, spec in sorted(wanted.items())))
+PY
+}
+
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$SPEC" && -x "$DIR/bin/python" ]] && check_imports; then
   log "already built: $DIR (stamp $STAMP)"
 else
@@ -137,36 +160,26 @@ else
   trap cleanup_failed_build ERR
   PIP=("$DIR/bin/python" -m pip --disable-pip-version-check --no-cache-dir)
   export PIP_NO_INPUT=1
-  REPORT="$DIR/.pip-report.json"
-  log "resolving ${TORCH_PINS[*]} ${SUPPORT_PINS[*]}"
-  retry_once "${PIP[@]}" install --dry-run --quiet --report "$REPORT" "${TORCH_PINS[@]}" "${SUPPORT_PINS[@]}" >&2
-  # name==version of everything pip would install; the large wheels first, one pip call each
-  mapfile -t LARGE < <("$DIR/bin/python" - "$REPORT" <<'PY'
-import json, re, sys
-items = json.load(open(sys.argv[1]))["install"]
-pins = ["%s==%s" % (i["metadata"]["name"], i["metadata"]["version"]) for i in items]
-large = re.compile(r"^(nvidia-|torch==|torch[-_]xla==|triton==)", re.I)
-print("\n".join([p for p in pins if large.match(p)] + ["--rest"] + [p for p in pins if not large.match(p)]))
-PY
-)
-  REST=() split=0
-  for i in "${!LARGE[@]}"; do
-    if [[ "${LARGE[$i]}" == --rest ]]; then REST=("${LARGE[@]:$((i + 1))}"); LARGE=("${LARGE[@]:0:$i}"); split=1; break; fi
+  # The index serves no separate metadata (PEP 658), so a resolution (even --dry-run) downloads every wheel
+  # whole: the large ones are found from the metadata of what is installed instead, so each is downloaded once.
+  log "installing the large packages one at a time, following their requirements (free disk: $(free_gb "$DIR") GiB)"
+  large=("${TORCH_PINS[@]}") installed=0
+  while [[ ${#large[@]} -gt 0 ]]; do
+    for pin in "${large[@]}"; do
+      log "  $pin"
+      retry_once "${PIP[@]}" install --no-deps --quiet "$pin" >&2
+      installed=$((installed + 1))
+    done
+    wanted=$(missing_large_requirements)  # a failure here stops the build (errexit)
+    large=()
+    [[ -z "$wanted" ]] || mapfile -t large <<< "$wanted"
   done
-  if [[ $split == 0 || ${#LARGE[@]} == 0 ]]; then
-    log "ERROR: could not read the install plan from $REPORT"; false
+  if [[ $installed -le ${#TORCH_PINS[@]} ]]; then
+    log "ERROR: no large requirement found in the metadata of ${TORCH_PINS[*]}"; false
   fi
-  log "installing ${#LARGE[@]} large packages one at a time (free disk: $(free_gb "$DIR") GiB)"
-  for pin in "${LARGE[@]}"; do
-    log "  $pin"
-    retry_once "${PIP[@]}" install --no-deps --quiet "$pin" >&2
-  done
-  log "installing ${#REST[@]} other packages (free disk: $(free_gb "$DIR") GiB)"
-  [[ ${#REST[@]} == 0 ]] || retry_once "${PIP[@]}" install --no-deps --quiet "${REST[@]}" >&2
-  log "checking the resolution: ${TORCH_PINS[*]} ${SUPPORT_PINS[*]} (installs nothing when complete)"
-  # keep torch's own pins intact: list torch again so the resolver cannot move it
+  log "installed $installed large packages; the others, resolved beside them (free disk: $(free_gb "$DIR") GiB)"
+  # torch's pins are listed again so the resolver keeps the large packages installed above
   retry_once "${PIP[@]}" install --quiet "${TORCH_PINS[@]}" "${SUPPORT_PINS[@]}" >&2
-  rm -f "$REPORT"
   log "installing --no-deps: ${NODEPS_PINS[*]}"
   retry_once "${PIP[@]}" install --no-deps --quiet "${NODEPS_PINS[@]}" >&2
   check_imports
