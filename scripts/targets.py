@@ -57,7 +57,7 @@ DEFAULT_ROOT = REPO / ".cache" / "targets"
 DEFAULT_WHEELS = REPO / ".cache" / "wheels"
 STAMP_NAME = ".tpu-closure-fix-target.json"
 # Bump when the install procedure itself changes, to invalidate old stamps.
-STAMP_FORMAT = 2  # 2: the folder is byte-compiled at install (see _byte_compile)
+STAMP_FORMAT = 3  # 3: what the import check imports is byte-compiled at install (see verify_imports)
 
 # Setuptools that still ships ``pkg_resources`` (82+ dropped it; torch 2.13
 # pulls 84.x into the venv).  Installed into the target, it shadows the venv's.
@@ -404,17 +404,6 @@ def _run(cmd: List[str], env: Optional[Dict[str, str]] = None, timeout: float = 
                           universal_newlines=True, timeout=timeout)
 
 
-def _byte_compile(folder: Path, dest: Path) -> None:
-    """Byte-compile an installed target once, by the interpreter that runs it, under its final path.
-
-    Every test child imports the target: under PYTHONDONTWRITEBYTECODE (set in this machine's environment)
-    an uncompiled folder is compiled from source at every interpreter start, about 2 CPU-s per Lightning
-    import, never cached. ``-d`` names the final folder in the code objects (the folder is renamed into
-    place afterwards). A file that does not compile (a vendored Python 2 example) is only left uncompiled:
-    the exit status is not checked, the import check that follows says whether the target works."""
-    _run([_python(), "-m", "compileall", "-q", "-q", "-d", str(dest), str(folder)])
-
-
 _VERIFY = textwrap.dedent(r"""
     import importlib, json, os, sys
     try:
@@ -446,13 +435,25 @@ _VERIFY = textwrap.dedent(r"""
 """)
 
 
-def verify_imports(name: str, path: os.PathLike) -> None:
+def verify_imports(name: str, path: os.PathLike, write_bytecode: bool = False) -> None:
     """Import the target's call-site modules with ``PYTHONPATH=path``, check they
     load from the target, and that each pinned distribution resolves to the pinned
-    version (so the target's copies shadow the venv's).  Raises TargetError."""
+    version (so the target's copies shadow the venv's).  Raises TargetError.
+
+    ``write_bytecode``: the check's interpreter (the one that runs the tests) writes the compiled file of
+    every module it imports, as Python does without PYTHONDONTWRITEBYTECODE. That machine setting would
+    have every test child compile the target from source again (about 2 CPU-s per Lightning import);
+    compiling the whole folder instead (``compileall``) costs 3-15 CPU-s per target, mostly for modules
+    no test imports (tensorboard's, transformers' model zoo). The top-level package imported here pulls
+    in nearly all that a test child imports; a module imported later is compiled by each child, as
+    before. The files record their source's time and size, which the rename into place keeps, and
+    Python names the final path in their code at load."""
     cmd = [_python(), "-c", _VERIFY, str(path), json.dumps(MODULES[name]),
            json.dumps(TARGETS[name])]
-    proc = _run(cmd, env=target_env(path), timeout=600)
+    env = target_env(path)
+    if write_bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    proc = _run(cmd, env=env, timeout=600)
     if proc.returncode != 0:
         raise TargetError("target %s does not import (exit %d):\n%s%s"
                           % (name, proc.returncode, proc.stdout, proc.stderr),
@@ -516,8 +517,8 @@ def remove(name: str, root: Optional[os.PathLike] = None) -> bool:
 
 
 def install(name: str, root: Optional[os.PathLike] = None, force: bool = False, byte_compile: bool = True) -> Path:
-    """Install target ``name`` into ``<root>/<slug>`` and return that folder (byte-compiled unless
-    ``byte_compile`` is false: for a folder one interpreter imports once).
+    """Install target ``name`` into ``<root>/<slug>`` and return that folder (what the import check
+    imports byte-compiled, unless ``byte_compile`` is false: for a folder one interpreter imports once).
 
     Skips the install when the folder's stamp matches the requirement list
     (unless ``force``).  Fetches the wheels first (``fetch``), then installs
@@ -541,9 +542,7 @@ def install(name: str, root: Optional[os.PathLike] = None, force: bool = False, 
             raise TargetError("pip failed for target %s (exit %d): %s\n%s"
                               % (name, proc.returncode, " ".join(cmd), proc.stderr),
                               proc.stderr)
-        if byte_compile:
-            _byte_compile(tmp, dest)
-        verify_imports(name, tmp)
+        verify_imports(name, tmp, write_bytecode=byte_compile)
         stamp = {"target": name, "hash": requirements_hash(name), "requirements": TARGETS[name]}
         (tmp / STAMP_NAME).write_text(json.dumps(stamp, indent=1) + "\n")
         if dest.exists():
