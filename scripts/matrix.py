@@ -65,7 +65,7 @@ SMOKE = ("pytorch-lightning==1.0.8", "pytorch-lightning==1.1.8", "pytorch-lightn
 
 #: Started first, so that no long target is left running alone at the end: the targets that run the
 #: most target tests (tests/target/conftest.py ONLY_ON), in that order of duration: in a fresh-clone run of
-#: scripts/test.sh, with its other stages running beside the matrix, about 22, 10 and 5 min.
+#: scripts/test.sh, with its other stages running beside the matrix, about 24, 13 and 3 min.
 SLOWEST = ("pytorch-lightning==1.8.6", "lightning-fabric==2.6.6", "pytorch-lightning==1.8.6+wrapt==1.14.1")
 
 

@@ -19,7 +19,7 @@
 # of deleting each after its tests: its wheels stay cached in .cache/wheels either way).  Disk under .cache/:
 # the two torch_xla venvs take 5.1 GiB (2.1) and 7.1 GiB (2.9) (du -h) and are kept for the next run; with the
 # base venv, the demo's dependencies, the other interpreters' venvs, the wheel cache and the matrix's two target
-# folders .cache/ ends at about 21 GiB. Figures of a fresh-clone run: docs/ci.md.
+# folders .cache/ ends at about 22 GiB. Figures of a fresh-clone run: docs/ci.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh || exit 1
