@@ -1,6 +1,7 @@
 """The check's worker (tpu_closure_fix.synccheck.worker): its decision lines, and two thread-ranks sharing one
 in-memory store (torch's HashStore) whose workers agree, order and exchange checks the way processes do."""
 import collections
+import contextlib
 import threading
 
 import pytest
@@ -103,23 +104,35 @@ def _models():
     return {"A": torch.nn.Linear(3, 2), "B": torch.nn.Linear(5, 1), "P": torch.nn.Linear(2, 2)}
 
 
+@contextlib.contextmanager
+def _stopped_after(workers):
+    """The workers stop when the block ends, however it ends (a failed wait included)."""
+    try:
+        yield
+    finally:
+        for each in workers:
+            each.stop(5)
+
+
+def _answered(outcomes, seconds):
+    """Every rank's checks answered within ``seconds``."""
+    for outcome in outcomes:
+        assert outcome.done.wait(seconds)
+
+
 def _run(orders, timeout=5.0):
     """Each rank (a thread) fingerprints the checks named in its order and hands them to its own worker."""
     store, world = dist.HashStore(), ThreadWorld(len(orders))
     outcomes = [Outcome() for _ in orders]
     workers = [worker.Worker().start() for _ in orders]
     models = _models()
-    try:
+    with _stopped_after(workers):
         for rank, order in enumerate(orders):
             channel = StoreChannel(world, rank, store, timeout)
             streams = {name: compare.Stream(name) for name in models}
             for name in order:
                 assert workers[rank].submit(outcomes[rank].job(channel, streams[name], models[name], 1, len(order)))
-        for outcome in outcomes:
-            assert outcome.done.wait(30)
-    finally:
-        for each in workers:
-            each.stop(5)
+        _answered(outcomes, 30)
     return outcomes
 
 
@@ -149,15 +162,11 @@ def test_a_streams_checks_are_exchanged_in_order_when_a_later_one_is_agreed_firs
     for rank, index in ((0, 0), (1, 0), (1, 1), (0, 1)):
         workers[rank]._arrive(jobs[rank][index])
     assert [j.decision for j in jobs[0]] == [None, "go"] and [j.decision for j in jobs[1]] == ["go", None]
-    try:
+    with _stopped_after(workers):
         workers[0].start()
         time.sleep(0.5)  # rank 0's worker has proposed (or found nothing to propose) before rank 1's starts
         workers[1].start()
-        for outcome in outcomes:
-            assert outcome.done.wait(30)
-    finally:
-        for each in workers:
-            each.stop(5)
+        _answered(outcomes, 30)
     for outcome in outcomes:
         assert outcome.stood_down == {}
         assert outcome.events == ["A/0", "A/1"]
@@ -334,7 +343,7 @@ def test_ranks_told_differently_on_divergence_pair_every_collective():
     store, world = dist.HashStore(), ThreadWorld(2)
     outcomes = [RaiseOutcome(), RaiseOutcome()]
     workers = [worker.Worker().start() for _ in range(2)]
-    try:
+    with _stopped_after(workers):
         for rank in range(2):
             torch.manual_seed(0)
             models = {"A": torch.nn.Linear(3, 2), "B": torch.nn.Linear(5, 1)}
@@ -345,11 +354,7 @@ def test_ranks_told_differently_on_divergence_pair_every_collective():
             for name in ("A", "B"):
                 job = outcomes[rank].job(channel, compare.Stream(name), models[name], 3, 2, raising=rank == 0)
                 assert workers[rank].submit(job)
-        for outcome in outcomes:
-            assert outcome.done.wait(60)
-    finally:
-        for each in workers:
-            each.stop(5)
+        _answered(outcomes, 60)
     for outcome in outcomes:
         assert outcome.stood_down == {}
         assert outcome.reports["A/0"].outcome == "differ" and outcome.reports["B/0"].outcome == "identical"
