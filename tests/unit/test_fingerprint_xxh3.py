@@ -118,6 +118,31 @@ def test_value_sums_of_the_pass_are_value_sums():
     assert [float(v) for v in fingerprint.xxh3_fields(ints, 0)[1:]] == [0.0, 0.0, 0.0]
 
 
+def test_without_the_scale_the_pass_gives_the_same_hash_count_and_sum_and_no_scale(monkeypatch):
+    """``scale=False`` leaves out the sum of |values| (no abs of any piece) and changes nothing else."""
+    t = torch.tensor([1.5, -2.25, float("nan"), 4.0, -0.25, float("inf")] * 50)
+    for pass_bytes in (fingerprint.PASS_BYTES, 16):
+        full = fingerprint.xxh3_fields(t, 3, pass_bytes=pass_bytes)
+        monkeypatch.setattr(torch, "abs", None)  # any abs taken fails
+        light = fingerprint.xxh3_fields(t, 3, pass_bytes=pass_bytes, scale=False)
+        monkeypatch.undo()
+        assert light[3] is None and math.isnan(full[3])
+        assert light[0] == full[0] and light[1] == full[1] == 100.0 and math.isnan(light[2]) and math.isnan(full[2])
+    finite = torch.tensor([1.5, -2.25, 4.0])
+    assert fingerprint.xxh3_fields(finite, 0, scale=False) == fingerprint.xxh3_fields(finite, 0)[:3] + (None,)
+
+
+def test_a_vector_without_the_scale_differs_only_in_its_absent_abs_sums():
+    ts = [_tensor(dtype, 9, i) for i, dtype in enumerate((torch.float32, torch.float64, torch.bfloat16))]
+    details, kept = {}, {}
+    light = fingerprint.decode(fingerprint.local_vector(ts, slots=SLOTS, details=details, scale=False), slots=SLOTS)
+    full = fingerprint.decode(fingerprint.local_vector(ts, slots=SLOTS, details=kept), slots=SLOTS)
+    assert details == {} and set(kept) == {"hashes", "stats"}
+    assert light["abs_sum"].tolist() == [float("-inf")] * SLOTS and bool((full["abs_sum"][:3] > 0).all())
+    for name in fingerprint.SLOT_EXACT + ("sum",):
+        assert all(torch.equal(a, b) for a, b in zip(light[name], full[name])), name
+
+
 def test_tensor_subclasses_and_other_devices_are_hashed_elementwise():
     class Marked(torch.Tensor):
         pass

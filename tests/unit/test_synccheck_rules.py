@@ -361,6 +361,12 @@ def test_the_check_runs_on_a_group_of_its_own_never_the_default_one(monkeypatch)
             calls.append(("allreduce", options.reduceOp, len(tensors)))
             return Work()
 
+        def allgather(self, out, tensors):
+            calls.append(("allgather", len(out[0]), len(tensors)))
+            for copy in out[0]:
+                copy.copy_(tensors[0])
+            return Work()
+
     class Dist(object):
         class ReduceOp(object):
             MAX = "max"
@@ -395,9 +401,42 @@ def test_the_check_runs_on_a_group_of_its_own_never_the_default_one(monkeypatch)
     monkeypatch.setattr(comm, "_groups", {})
     channel = comm.DistributedChannel(Dist(), timeout=5)
     channel.all_reduce_max(torch.zeros(3))
+    monkeypatch.setattr(comm, "GATHER_RANKS", 1)  # above it: gloo's all-reduce, on the same group
     channel.all_reduce_max(torch.zeros(3))
-    assert calls == [("prefix", True, "store"), ("gloo", "prefixed", 0, 2, 5.0), ("allreduce", "max", 1),
+    assert calls == [("prefix", True, "store"), ("gloo", "prefixed", 0, 2, 5.0), ("allgather", 2, 1),
                      ("allreduce", "max", 1)]
+
+
+class _GatheringGroup(object):
+    """A gloo group's all-gather as seen by one rank of ``rows`` (every rank's vector, in rank order)."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def allgather(self, out, tensors):
+        for copy, row in zip(out[0], self.rows):
+            copy.copy_(row)
+        return types.SimpleNamespace(wait=lambda: True)
+
+
+@pytest.mark.parametrize("size", [2, 3, comm.GATHER_RANKS])
+def test_the_gathered_max_is_every_fields_maximum_over_the_ranks(monkeypatch, size):
+    """Up to GATHER_RANKS ranks the MAX comes from an all-gather: field by field the largest value any rank sent,
+    -inf (an absent slot) only where every rank sent it, the same on every rank."""
+    torch.manual_seed(size)
+    rows = [torch.randn(64) for _ in range(size)]
+    for r, row in enumerate(rows):
+        row[r::size + 1] = float("-inf")  # absent on this rank only
+    for r in range(size):
+        rows[r][7] = float("-inf")  # absent everywhere
+    channel = comm.DistributedChannel.__new__(comm.DistributedChannel)
+    channel.rank, channel.size, channel.timeout = 0, size, 5.0
+    monkeypatch.setattr(channel, "_group", lambda: _GatheringGroup(rows), raising=False)
+    reduced = channel.all_reduce_max(rows[0])
+    expected = torch.tensor([max(float(row[j]) for row in rows) for j in range(64)])
+    assert torch.equal(reduced, expected)
+    assert float(reduced[7]) == float("-inf") and bool(torch.isfinite(reduced[:7]).all())
+    assert not torch.equal(reduced, rows[0])  # the maximum over the ranks, not this rank's vector back
 
 
 @needs_step_hooks

@@ -42,6 +42,11 @@ KEY_PREFIX = "tpu_closure_fix/synccheck/"
 _groups = {}  # (scope, user, rank) -> the check's own gloo group
 _made = {}  # (user, rank) -> the check's groups made for it in this process: each its own prefix of the store
 _connections = threading.local()  # this thread's (store, its own connection to it): see own_connection
+#: Up to this many ranks a check's MAX is taken from an all-gather of the vectors (each rank receives
+#: ``GATHER_RANKS`` x 76.7 KiB at most): gloo's all-reduce took 1.7-2.0 ms on 2 ranks whatever the vector's
+#: length, its all-gather of the whole vector 0.35-0.57 ms (and 9.6 against 15.0 ms on 8 ranks sharing 2 cores;
+#: benchmarks/synccheck_anchors.py, docs/synccheck.md). Above it the all-gather's bytes grow with the ranks.
+GATHER_RANKS = 8
 #: The name of the zero-code check's worker threads (:mod:`.worker`).
 WORKER_THREAD = "tpu-closure-fix-synccheck"
 
@@ -366,6 +371,11 @@ class _StoreChannel(object):
                          % (what, type(exc).__name__, _short(str(exc))), broken=True)
 
     def all_reduce_max(self, vector):
+        """The elementwise MAX of every rank's ``vector``, on the host: up to ``GATHER_RANKS`` ranks from one
+        all-gather (the same exact maximum), above that from gloo's all-reduce (the size alone decides, so
+        every rank enters the same collective)."""
+        if self.size <= GATHER_RANKS:
+            return self._gathered_max(vector)
         dist = self._c10d()
         host = vector.detach().to("cpu", copy=True)
 
@@ -375,6 +385,17 @@ class _StoreChannel(object):
             group.allreduce([host], options).wait()
             return host
         return self._run("all-reduce", reduce)
+
+    def _gathered_max(self, vector):
+        import torch
+
+        host = vector.detach().to("cpu", copy=True)
+
+        def gather(group):
+            out = [[torch.empty_like(host) for _ in range(self.size)]]
+            group.allgather(out, [host]).wait()
+            return torch.stack(out[0]).amax(0)
+        return self._run("all-reduce", gather)
 
     def all_gather(self, vector):
         import torch

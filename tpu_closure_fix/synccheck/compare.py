@@ -144,9 +144,14 @@ class Pending(object):
         self.layout, self.vector, self.error = layout, vector, error
 
 
-def prepare(obj, step, stream, barrier=None, channel=None):
+def prepare(obj, step, stream, barrier=None, channel=None, kept=True):
     """The training thread's part of a check: list ``obj``'s tensors, lay them out and fingerprint them
-    (one pass); a :class:`Pending`, or None on one device. Never waits for another rank."""
+    (one pass); a :class:`Pending`, or None on one device. Never waits for another rank.
+
+    ``kept``: each tensor's own hash and sums are kept for naming a difference (the zero-code check, whose
+    worker names it after training went on). A caller that waits for the verdict (``kept=False``: :func:`run`)
+    leaves out the sums of |values| of CPU tensors, the verdict never reads them: on a difference
+    :func:`_gathered_rows` computes each named tensor's fields again, from the same unchanged tensors."""
     import torch
 
     channel = channel or comm.channel()
@@ -162,7 +167,8 @@ def prepare(obj, step, stream, barrier=None, channel=None):
             device = channel.device([t for _, _, t in layout.entries])
             details = {}
             vector = fingerprint.local_vector(layout.entries, layout.structures, device, step=step,
-                                              lanes=layout.lanes, details=details)
+                                              lanes=layout.lanes, details=details,
+                                              scale=kept or device.type != "cpu")
             if vector.device.type != "cpu":
                 # the one device-to-host copy, now, on the training thread: nothing lazy is kept for later
                 # (XLA would add it to the training step's next graph), and nothing later reads a device
@@ -214,7 +220,7 @@ def run(obj, step, stream, barrier=None, tolerance=DEFAULT_TOLERANCE, channel=No
     ``barrier`` names this check to the other ranks (default: the stream's key and check count). Raises
     :class:`comm.StoodDown` when not every rank reached the check or its collective failed. Waits for the
     other ranks: the zero-code hook uses :func:`prepare` and the worker (:mod:`.worker`) instead."""
-    pending = prepare(obj, step, stream, barrier, channel)
+    pending = prepare(obj, step, stream, barrier, channel, kept=False)
     if pending is None:
         return None
     channel = pending.channel
