@@ -143,6 +143,49 @@ def test_a_vector_without_the_scale_differs_only_in_its_absent_abs_sums():
         assert all(torch.equal(a, b) for a, b in zip(light[name], full[name])), name
 
 
+def _both_vectors(ts, slots_of, step, lanes, scale):
+    """(the host path's vector, _assembled's) of the same tensors, slots and header."""
+    cpu = torch.device("cpu")
+    entries = [(k, slot, t) for k, (slot, t) in enumerate(zip(slots_of, ts))]
+    held = tuple((k, slot) + fingerprint.describe(t) for k, slot, t in entries)
+    structures = tuple(h[2:] for h in held)
+    fast = [fingerprint.xxh3_fields(t, k, scale=scale) for k, _, t in entries]
+    hashes, stats = fingerprint._per_tensor_fields(entries, fingerprint.CHUNK, True, cpu, scale, fast)
+    header = torch.tensor(fingerprint._header(0, step, len(structures), fingerprint.structure_digest(structures),
+                                              lanes, form=fingerprint.FORMAT_XXH3), dtype=torch.float32)
+    return (fingerprint._host_vector(fast, held, structures, SLOTS, step, lanes, fingerprint.FORMAT_XXH3, scale),
+            fingerprint._assembled(held, hashes, stats, header, SLOTS, cpu, scale))
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_the_host_vector_is_bit_for_bit_the_assembled_one(scale):
+    """Every field, bit for bit (-0.0 is not 0.0 here): NaN, inf and huge sums, negative zeros, absent slots,
+    the header's step and lanes; a second layout and a second step of the first (the cached template)."""
+    big = torch.full((3,), 3.3e38)
+    cases = [
+        ([torch.tensor([1.5, -2.25]), torch.tensor([float("nan"), 1.0]), torch.tensor([-0.0, 0.0]),
+          torch.tensor([float("inf"), 2.0], dtype=torch.float64), big, -big, torch.tensor([1, -7]),
+          torch.tensor([complex(float("inf"), 1.0)])],  # summed apart (value_sums): its |values| sum is inf
+         [0, 2, 3, 5, 6, 7, 1, 4]),
+        ([torch.randn(5, 3, generator=torch.Generator().manual_seed(1)), torch.zeros(4, dtype=torch.bfloat16)], [4, 0]),
+    ]
+    for ts, slots_of in cases:
+        for step, lanes in ((None, 1), (70000, 2), (3, 1)):
+            quick, slow = _both_vectors(ts, slots_of, step, lanes, scale)
+            assert torch.equal(quick.view(torch.int32), slow.view(torch.int32)), (slots_of, step)
+
+
+def test_local_vector_builds_on_the_host_only_where_each_slot_holds_one_tensor(monkeypatch):
+    built = []
+    monkeypatch.setattr(fingerprint, "_host_vector", lambda *a: built.append("host") or torch.zeros(1))
+    ts = [_tensor(torch.float32, 9, i) for i in range(3)]
+    fingerprint.local_vector(ts, slots=SLOTS)
+    assert built == ["host"]
+    shared = [(0, 1, ts[0]), (1, 1, ts[1])]  # two tensors in one slot: their fields are added up by _assembled
+    assert fingerprint.local_vector(shared, slots=SLOTS).numel() == fingerprint.vector_length(SLOTS)
+    assert built == ["host"]
+
+
 def test_tensor_subclasses_and_other_devices_are_hashed_elementwise():
     class Marked(torch.Tensor):
         pass

@@ -484,13 +484,15 @@ def tensor_hash(tensor, position, chunk=CHUNK, cpu_hash=None):
     return _per_tensor_fields([(position, 0, tensor)], chunk, uses_xxh3(cpu_hash), tensor.device)[0][0]
 
 
-def _per_tensor_fields(entries, chunk, xxh3, device, scale=True):
+def _per_tensor_fields(entries, chunk, xxh3, device, scale=True, fast=None):
     """(int32 hashes, float32 [non-finite count, sum, sum of |values|] rows) of the entries, on ``device``.
     Tensors hashed with XXH3 give Python numbers, made into tensors at once (one call, not one per tensor);
-    with ``scale=False`` their sums of |values| are not computed (-inf: unknown)."""
+    with ``scale=False`` their sums of |values| are not computed (-inf: unknown). ``fast``: the entries'
+    :func:`xxh3_fields` where already computed."""
     import torch
 
-    fast = [xxh3_fields(t, k, scale=scale) if xxh3 else None for k, _, t in entries]
+    if fast is None:
+        fast = [xxh3_fields(t, k, scale=scale) if xxh3 else None for k, _, t in entries]
     if all(found is not None for found in fast):
         hashes = torch.tensor([signed32(found[0]) for found in fast], dtype=torch.int32)
         stats = torch.tensor([found[1:3] + (ABSENT if found[3] is None else found[3],) for found in fast],
@@ -618,16 +620,34 @@ def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK
         structures = tuple(h[2:] for h in held)
     if device is None:
         device = entries[0][2].device if entries else torch.device("cpu")
+    form = FORMAT_XXH3 if xxh3 else FORMAT
+    fast = [xxh3_fields(t, k, scale=scale) if xxh3 else None for k, _, t in entries]
+    if details is not None and scale and entries:
+        details["hashes"], details["stats"] = _per_tensor_fields(entries, chunk, xxh3, device, scale, fast)
+    if (device.type == "cpu" and entries and None not in fast
+            and len(set(slot for _, slot, _ in entries)) == len(entries)):
+        return _host_vector(fast, held, structures, slots, step, lanes, form, scale)
+    header = torch.tensor(_header(0, step, len(structures), structure_digest(structures), lanes, form=form),
+                          dtype=torch.float32)
+    per_tensor = per_stats = None
+    if entries:
+        kept = details or {}
+        per_tensor, per_stats = kept.get("hashes"), kept.get("stats")
+        if per_tensor is None or per_stats is None:
+            per_tensor, per_stats = _per_tensor_fields(entries, chunk, xxh3, device, scale, fast)
+    return _assembled(held, per_tensor, per_stats, header, slots, device, scale)
+
+
+def _assembled(held, per_tensor, per_stats, header, slots, device, scale):
+    """The vector from each held tensor's hash (int32) and [non-finite count, sum, sum of |values|] row, on
+    ``device``: the fields of each slot added up, the absent slots -inf."""
+    import torch
+
     slot_host, present = _slot_fields(held, slots)
-    header = torch.tensor(_header(0, step, len(structures), structure_digest(structures), lanes,
-                                  form=FORMAT_XXH3 if xxh3 else FORMAT), dtype=torch.float32)
     hashes = torch.zeros(slots, dtype=torch.int32, device=device)
     stats = torch.zeros(slots, 3, dtype=torch.float32, device=device)
-    if entries:
-        index = torch.tensor([s for _, s, _ in entries], dtype=torch.int64).to(device)
-        per_tensor, per_stats = _per_tensor_fields(entries, chunk, xxh3, device, scale)
-        if details is not None and scale:
-            details["hashes"], details["stats"] = per_tensor, per_stats
+    if held:
+        index = torch.tensor([s for _, s, _, _ in held], dtype=torch.int64).to(device)
         hashes.index_add_(0, index, per_tensor)
         stats.index_add_(0, index, per_stats)
     hi = torch.bitwise_right_shift(hashes, 16).bitwise_and_(0xFFFF).to(torch.float32)
@@ -641,6 +661,55 @@ def local_vector(entries, structures=None, device=None, slots=SLOTS, chunk=CHUNK
     negative = torch.cat([-header.to(device), (-slot_exact).masked_fill(absent, ABSENT).reshape(-1)])
     return torch.cat([positive, negative, sums.masked_fill(absent, ABSENT), (-sums).masked_fill(absent, ABSENT),
                       magnitude.masked_fill(absent, ABSENT)])
+
+
+_host_cache = {}
+
+
+def _host_vector(fast, held, structures, slots, step, lanes, form, scale):
+    """The vector of CPU tensors whose fields are Python numbers (:func:`xxh3_fields`), each in a slot of its
+    own: a copy of the layout's template (what :func:`_assembled` builds with every hash, count and sum 0,
+    cached for the last layout seen) with this check's header and values written at their places -- bit for bit
+    the vector :func:`_assembled` builds (tests/unit/test_fingerprint_xxh3.py), in a few tensor operations
+    instead of some thirty (most of a small model's fingerprint)."""
+    import torch
+
+    key = (held, structures, slots, lanes, form, scale)
+    cached = _host_cache.get(key)
+    if cached is None:
+        cpu = torch.device("cpu")
+        header = torch.tensor(_header(0, 0, len(structures), structure_digest(structures), lanes, form=form),
+                              dtype=torch.float32)
+        blank = torch.tensor([[0.0, 0.0, 0.0 if scale else ABSENT]] * len(held), dtype=torch.float32)
+        template = _assembled(held, torch.zeros(len(held), dtype=torch.int32), blank, header, slots, cpu, scale)
+        exact, floats, scales = _layout(slots)
+        bits_hi, bits_lo, nonfinite = (len(HEADER) + SLOT_EXACT.index(name) * slots
+                                       for name in ("bits_hi", "bits_lo", "nonfinite"))
+        places = []
+        for _, slot, _, _ in held:
+            places += [bits_hi + slot, bits_lo + slot, nonfinite + slot, exact + bits_hi + slot,
+                       exact + bits_lo + slot, exact + nonfinite + slot, floats + slot, floats + slots + slot,
+                       scales + slot]
+        places += list(range(len(HEADER))) + list(range(exact, exact + len(HEADER)))
+        cached = (template, torch.tensor(places, dtype=torch.int64))
+        _host_cache.clear()  # replica threads of one process may fingerprint at once: each returns its own
+        _host_cache[key] = cached
+    template, places = cached
+    values = []
+    for digest, count, total, magnitude in fast:
+        hi, lo = _halves(digest)
+        if not math.isfinite(total):  # as _assembled's nan_to_num
+            total = 0.0 if math.isnan(total) else math.copysign(3.0e38, total)
+        if magnitude is None:  # not computed (scale=False): absent
+            magnitude = ABSENT
+        elif not math.isfinite(magnitude) and (scale or magnitude != ABSENT):
+            magnitude = 3.0e38
+        values += [hi, lo, count, -hi, -lo, -count, total, -total, magnitude]
+    header = _header(0, step, len(structures), structure_digest(structures), lanes, form=form)
+    values += header + [-v for v in header]
+    vector = template.clone()
+    vector[places] = torch.tensor(values, dtype=torch.float32)
+    return vector
 
 
 def decode(reduced, slots=SLOTS):
