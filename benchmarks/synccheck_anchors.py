@@ -12,7 +12,7 @@ and run, in rotating order, ``--reps`` times each:
   decides; *held* is the optimizer step's wall time, the rest is measured until the worker delivered the
   verdict (``worker.drain``);
 * ``compare_replicas``: ``compare_replicas(model, step)``: the same check with the agreement and the
-  exchange on the calling thread;
+  exchange on the calling thread (its pass leaves out the sums of |values|: computed only on a difference);
 * ``its fingerprint``: ``fingerprint.local_vector`` alone, the part of a check that is local;
 * ``compare_replicas, elementwise``: ``compare_replicas`` with ``xxhash`` made unavailable: the hash of a CPU
   without it (and the CPU's before XXH3), paired with XXH3 in the same run;
