@@ -110,18 +110,25 @@ def test_the_reduced_vector_is_this_replica_s_fingerprint():
     assert decoded["step"] == (3, 3) and decoded["count"] == (2, 2) and decoded["failed"][0] == 0
 
 
-def test_a_check_that_waits_keeps_no_per_tensor_fields_and_the_zero_code_one_keeps_them():
-    """compare.run (the caller waits for the verdict) computes no sums of |values| and keeps nothing for naming
-    (on a difference they are computed again from the unchanged tensors); the zero-code check's prepare keeps
-    each tensor's hash and sums, since its worker names a difference after training went on."""
+@pytest.mark.parametrize("xxh3", [True, False], ids=["xxh3", "elementwise"])
+def test_a_check_that_waits_keeps_no_per_tensor_fields_and_the_zero_code_one_keeps_them(monkeypatch, xxh3):
+    """compare.run (the caller waits for the verdict) keeps nothing for naming (on a difference each named
+    tensor's fields are computed again from the unchanged tensors) and, where CPU tensors are hashed with XXH3,
+    computes no sums of |values| (elementwise, the hash's own pass gives them); the zero-code check's prepare
+    keeps each tensor's hash and sums, since its worker names a difference after training went on."""
+    if xxh3 and fingerprint.xxhash_module() is None:
+        pytest.skip("XXH3 needs the xxhash package, not installed here: pip install 'xxhash>=3.0'")
+    if not xxh3:
+        monkeypatch.setattr(fingerprint, "_xxhash", [None])  # as where xxhash is not installed
+    left_out = float("-inf") if xxh3 else 3.0
     waits = compare.prepare(_model(), 1, compare.Stream(_key()), channel=Mirror(), kept=False)
     zero_code = compare.prepare(_model(), 1, compare.Stream(_key()), channel=Mirror())
-    assert waits.layout.details == {} and fingerprint.decode(waits.vector)["abs_sum"][0] == float("-inf")
+    assert waits.layout.details == {} and float(fingerprint.decode(waits.vector)["abs_sum"][0]) == left_out
     assert sorted(zero_code.layout.details) == ["hashes", "stats"]
     assert zero_code.layout.details["stats"].tolist() == [[0.0, 3.0, 3.0], [0.0, 0.0, 0.0]]
     channel = Mirror()
     compare.run(_model(), 1, compare.Stream(_key()), channel=channel)
-    assert fingerprint.decode(channel.reduced[0])["abs_sum"][0] == float("-inf")
+    assert float(fingerprint.decode(channel.reduced[0])["abs_sum"][0]) == left_out
 
 
 def test_a_stream_without_history_records_nothing():

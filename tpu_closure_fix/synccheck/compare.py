@@ -150,7 +150,7 @@ def prepare(obj, step, stream, barrier=None, channel=None, kept=True):
 
     ``kept``: each tensor's own hash and sums are kept for naming a difference (the zero-code check, whose
     worker names it after training went on). A caller that waits for the verdict (``kept=False``: :func:`run`)
-    leaves out the sums of |values| of CPU tensors, the verdict never reads them: on a difference
+    leaves out the sums of |values| of CPU tensors hashed with XXH3, the verdict never reads them: on a difference
     :func:`_gathered_rows` computes each named tensor's fields again, from the same unchanged tensors."""
     import torch
 
