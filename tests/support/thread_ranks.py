@@ -31,7 +31,14 @@ class ThreadWorld(object):
         return out
 
 
-class ThreadChannel(object):
+class AgreeThenReduce(object):
+    """``meet`` as the store channels give it above their bound: ``agree``, then ``all_reduce_max`` on "go"."""
+
+    def meet(self, key, vector):
+        return self.all_reduce_max(vector) if self.agree(key) else None
+
+
+class ThreadChannel(AgreeThenReduce):
     kind = "threads"
     timeout = 5
 

@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: n
 
 from tpu_closure_fix.synccheck import comm, compare, fingerprint, report  # noqa: E402
 
+from support.thread_ranks import AgreeThenReduce  # noqa: E402
 from test_synccheck_rules import on_ranks  # noqa: E402  (replicas as threads)
 
 _keys = itertools.count()
@@ -26,7 +27,7 @@ def _key():
     return "mirror-%d" % next(_keys)
 
 
-class Mirror(object):
+class Mirror(AgreeThenReduce):
     """A channel of rank 0 in a world of two whose other replica mirrors this one (``timeout`` None: a
     channel that has no ``timeout`` attribute)."""
     kind = "mirror"

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch", reason="SyncCheck compares torch tensors: n
 
 from support import ranks, synccheck_corpus  # noqa: E402  (after the skip: needs torch)
 from support.said import fresh, spoken  # noqa: E402
+from support.thread_ranks import AgreeThenReduce  # noqa: E402
 from tpu_closure_fix import synccheck  # noqa: E402  (after the skip: needs torch)
 from tpu_closure_fix.synccheck import comm, compare, fingerprint, groups, report as reports  # noqa: E402
 
@@ -227,7 +228,7 @@ def test_the_vector_has_one_length_whatever_the_model():
     assert lengths == {fingerprint.vector_length()}
 
 
-class Loopback(object):
+class Loopback(AgreeThenReduce):
     """A channel of ``size`` replicas that all hold what this process holds: the MAX all-reduce and the
     all-gather give back this replica's own numbers (what identical replicas give)."""
 

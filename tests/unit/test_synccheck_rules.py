@@ -597,6 +597,72 @@ def test_forgotten_keys_leave_the_store():
     assert store.add(arrived, 0) == 0  # gone (adding 0 makes it anew at 0)
 
 
+
+def _meet_on_threads(channels, key, rows, ranks):
+    out = {}
+    threads = [threading.Thread(target=lambda r=r: out.__setitem__(r, channels[r].meet(key, rows[r]))) for r in ranks]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    return out
+
+
+def _vector_keys(store, key, size):
+    return [r for r in range(size) if store.check([comm.KEY_PREFIX + key + "/vector/%d" % r])]
+
+
+@pytest.mark.parametrize("size", [2, 3, comm.GATHER_RANKS])
+def test_the_vectors_ride_with_the_vote_and_each_rank_reads_their_maximum(monkeypatch, size):
+    """Up to GATHER_RANKS ranks ``meet`` is one meeting through the store: every rank gets the field-by-field
+    maximum of every rank's vector (-inf only where every rank sent it), and no gloo group is made (no
+    collective at all); once a later check agreed, forgetting the check takes each rank's vector out."""
+    monkeypatch.setattr(comm, "_groups", {})
+    store, channels = _store_channels(size, timeout=60)
+    torch.manual_seed(size)
+    rows = [torch.randn(64) for _ in range(size)]
+    for r, row in enumerate(rows):
+        row[r::size + 1] = float("-inf")  # absent on this rank only
+    for r in range(size):
+        rows[r][7] = float("-inf")  # absent everywhere
+    expected = torch.tensor([max(float(row[j]) for row in rows) for j in range(64)])
+    out = _meet_on_threads(channels, "m/0", rows, range(size))
+    assert sorted(out) == list(range(size))
+    for r in range(size):
+        assert torch.equal(out[r], expected), r
+    assert float(expected[7]) == float("-inf") and not torch.equal(expected, rows[0])
+    assert comm._groups == {}
+    assert _vector_keys(store, "m/0", size) == list(range(size))
+    for channel in channels:
+        channel.forget("m/0")
+    assert _vector_keys(store, "m/0", size) == []
+
+
+def test_a_check_some_rank_never_meets_gives_no_maximum_and_leaves_no_vector():
+    store, channels = _store_channels(3, timeout=1)
+    rows = [torch.full((8,), float(r)) for r in range(3)]
+    assert _meet_on_threads(channels, "m/1", rows, [0, 1]) == {0: None, 1: None}
+    assert _meet_on_threads(channels, "m/1", rows, [2]) == {2: None}  # late: "abort" already written
+    assert _vector_keys(store, "m/1", 3) == []  # nobody reads a vector of a check voted "abort"
+
+
+def test_above_the_bound_the_ranks_agree_and_then_reduce(monkeypatch):
+    """Above GATHER_RANKS every rank would read every other's vector from one store: ``meet`` is the agreement,
+    then the collective (all_reduce_max), and writes no vector."""
+    store, channels = _store_channels(2, timeout=60)
+    monkeypatch.setattr(comm, "GATHER_RANKS", 1)
+    for channel in channels:
+        monkeypatch.setattr(channel, "all_reduce_max", lambda v, rank=channel.rank: v + 100 * (rank + 1))
+    out = _meet_on_threads(channels, "m/2", [torch.zeros(4), torch.ones(4)], [0, 1])
+    assert torch.equal(out[0], torch.full((4,), 100.0)) and torch.equal(out[1], torch.full((4,), 201.0))
+    assert _vector_keys(store, "m/2", 2) == []
+
+
+def test_a_peer_vector_of_another_length_stands_the_check_down_naming_both():
+    short = comm._bytes_of(torch.zeros(3))
+    with pytest.raises(comm.StoodDown, match="12 bytes, this rank's 16: install the same"):
+        comm._tensor_of(short, torch.zeros(4))
+    assert torch.equal(comm._tensor_of(comm._bytes_of(torch.tensor([1.5, -0.0, float("inf")])), torch.zeros(3)),
+                       torch.tensor([1.5, -0.0, float("inf")]))
+
 # --------------------------------------------------------------------------- no declared layout: each tensor's first look
 def _streams(size, replicas, first_look=True):
     """The zero-code check's streams (``first_look``: tensors no layout places are decided at their first look)."""

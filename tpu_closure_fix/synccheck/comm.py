@@ -12,8 +12,9 @@ Picked at each check from the process's environment alone:
   the collective only on "go", so a check that some rank never reaches (an optimizer stepped on one
   rank only, a rank gone, ranks out of step) is entered by none: it stands down with one warning.
   :meth:`_StoreChannel.agree` is that agreement on the calling thread (``compare_replicas``,
-  ``check_sync``, the callback); the zero-code check runs the same votes on its worker thread
-  (:mod:`.worker`), every pending check at once, so no training thread waits there.
+  ``check_sync``, the callback), where up to ``GATHER_RANKS`` ranks the vectors ride with it through the
+  store and no collective follows (:meth:`_StoreChannel.meet`); the zero-code check runs the same votes on
+  its worker thread (:mod:`.worker`), every pending check at once, so no training thread waits there.
 * torch_xla with a world size > 1 and no process group (``xmp.spawn``, Lightning's ``XLAStrategy``,
   accelerate on XLA): :class:`HostChannel`, the same agreement and the same gloo exchange on the host, over
   a ``torch.distributed.TCPStore`` of the check's own (one connection per rank, made lazily off the training
@@ -42,10 +43,12 @@ KEY_PREFIX = "tpu_closure_fix/synccheck/"
 _groups = {}  # (scope, user, rank) -> the check's own gloo group
 _made = {}  # (user, rank) -> the check's groups made for it in this process: each its own prefix of the store
 _connections = threading.local()  # this thread's (store, its own connection to it): see own_connection
-#: Up to this many ranks a check's MAX is taken from an all-gather of the vectors (each rank receives
-#: ``GATHER_RANKS`` x 76.7 KiB at most): gloo's all-reduce took 1.7-2.0 ms on 2 ranks whatever the vector's
-#: length, its all-gather of the whole vector 0.35-0.57 ms (and 9.6 against 15.0 ms on 8 ranks sharing 2 cores;
-#: benchmarks/synccheck_anchors.py, docs/synccheck.md). Above it the all-gather's bytes grow with the ranks.
+#: Up to this many ranks a check's MAX is taken from every rank's whole vector (each rank receives
+#: ``GATHER_RANKS`` x 76.7 KiB at most): through the store with the agreement on the calling thread
+#: (:meth:`_StoreChannel.meet`), from an all-gather on the worker. gloo's all-reduce took 1.7-2.0 ms on 2 ranks
+#: whatever the vector's length, its all-gather of the whole vector 0.35-0.57 ms (and 9.6 against 15.0 ms on 8
+#: ranks sharing 2 cores; benchmarks/synccheck_anchors.py, docs/synccheck.md). Above it the bytes each rank
+#: receives (and, through the store, its one server sends) grow with the ranks.
 GATHER_RANKS = 8
 #: The name of the zero-code check's worker threads (:mod:`.worker`).
 WORKER_THREAD = "tpu-closure-fix-synccheck"
@@ -279,21 +282,55 @@ class _StoreChannel(object):
         Each rank counts itself in; the last one in votes "go" at once. The others wait for the vote
         (:meth:`_await_vote`) until ``timeout`` passed and then vote "abort", by compare-and-set: the first
         vote written is every rank's answer."""
+        return self._agree(key)
+
+    def meet(self, key, vector):
+        """Agree on check ``key`` (:meth:`agree`) and take the elementwise MAX of every rank's ``vector``: the
+        MAX on the host, or None when not every rank reached the check.
+
+        Up to ``GATHER_RANKS`` ranks the vectors ride with the agreement: each rank writes its vector into the
+        store before it counts itself in, so once the vote is "go" every rank's vector is there to read. One
+        meeting of the ranks instead of two (the agreement, then a collective), and no collective at all.
+        Above the bound each rank would read every other's vector from the one store: the agreement, then
+        :meth:`all_reduce_max`."""
+        import torch
+
+        if self.size > GATHER_RANKS:
+            return self.all_reduce_max(vector) if self.agree(key) else None
+        host = vector.detach().to("cpu").contiguous()
+        if not self._agree(key, (_vector_key(self.rank), _bytes_of(host))):
+            return None
+        keys = [KEY_PREFIX + key + _vector_key(r) for r in range(self.size) if r != self.rank]
+        try:
+            values = _read_all(self._store(), keys)
+        except Exception as exc:
+            raise self._failed_store(exc)
+        rows = [host] + [_tensor_of(value, host) for value in values]
+        return torch.stack(rows).amax(0)
+
+    def _agree(self, key, written=None):
+        """:meth:`agree`; ``written``: a (key suffix, bytes) this rank writes before it counts itself in, and
+        deletes again when the vote is "abort" (no rank reads it then)."""
         import time
 
         key = KEY_PREFIX + key
         try:
             store = self._store()
+            if written is not None:
+                store.set(key + written[0], written[1])
             deadline = time.monotonic() + self.timeout
             arrived = store.add(key + "/arrived", 1)
             if arrived < self.size:
                 arrived = self._await_vote(store, key, deadline)
             decision = store.compare_set(key + "/decision", "", "go" if arrived >= self.size else "abort")
+            go = decision in (b"go", "go")
+            if written is not None and not go:
+                store.delete_key(key + written[0])
         except StoodDown:
             raise
         except Exception as exc:
             raise self._failed_store(exc)
-        return decision in (b"go", "go")
+        return go
 
     def _await_vote(self, store, key, deadline):
         """Wait until the last rank in voted or ``deadline`` passed; the ranks counted in then (``size``: the
@@ -321,12 +358,17 @@ class _StoreChannel(object):
         return arrived
 
     def forget(self, key):
-        """Delete a finished check's keys from the store (rank 0, best effort)."""
-        if self.rank != 0 or key is None:
+        """Delete a finished check's keys from the store (best effort): its vote (rank 0) and the vector each
+        rank wrote for :meth:`meet` (its own). Call it once every rank is past that check: after a later check's
+        "go" (a rank still reading a vector would otherwise find it gone)."""
+        if key is None:
             return
         try:
             store = self._store()
-            for suffix in ("/arrived", "/decision"):
+            suffixes = ("/arrived", "/decision") if self.rank == 0 else ()
+            if self.size <= GATHER_RANKS:
+                suffixes += (_vector_key(self.rank),)
+            for suffix in suffixes:
                 store.delete_key(KEY_PREFIX + key + suffix)
         except Exception:
             pass
@@ -407,6 +449,44 @@ class _StoreChannel(object):
             group.allgather(out, [host]).wait()
             return out[0]
         return self._run("all-gather", gather)
+
+
+def _vector_key(rank):
+    return "/vector/%d" % rank
+
+
+def _bytes_of(host):
+    """The bytes of the contiguous CPU tensor ``host`` (no numpy: it may be absent)."""
+    import ctypes
+
+    return ctypes.string_at(host.data_ptr(), host.numel() * host.element_size())
+
+
+def _tensor_of(value, like):
+    """The tensor a peer wrote with :func:`_bytes_of`, of ``like``'s dtype (float32) and length; StoodDown
+    (this check cannot be read, the channel still can) for bytes of another length."""
+    import torch
+
+    data = bytearray(value)
+    if len(data) != like.numel() * like.element_size():
+        raise StoodDown("a peer's vector has %d bytes, this rank's %d: install the same tpu-closure-fix release "
+                        "on every host" % (len(data), like.numel() * like.element_size()))
+    if hasattr(torch, "frombuffer"):
+        return torch.frombuffer(data, dtype=like.dtype)
+    return torch.tensor(memoryview(data).cast("f").tolist(), dtype=like.dtype)  # torch < 1.10: float32 only
+
+
+def _read_all(store, keys):
+    """The values of ``keys``: one ``multi_get`` round trip where the store has it, else one ``get`` each."""
+    if not keys:
+        return []
+    multi_get = getattr(store, "multi_get", None)
+    if multi_get is not None:
+        try:
+            return multi_get(keys)
+        except Exception:  # a store class whose multi_get is not implemented; one that failed fails below too
+            pass
+    return [store.get(key) for key in keys]
 
 
 class DistributedChannel(_StoreChannel):

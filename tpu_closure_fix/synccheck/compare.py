@@ -1,10 +1,12 @@
 """One check: list the tensors, lay them out over their replica groups, fingerprint, agree, reduce once,
 decide, and -- only on a difference -- name the tensors and ranks exactly.
 
-A check's collectives: the MAX all-reduce of the fingerprint vector (always), and one all-gather of a
-few numbers per rank when the reduced vector shows a difference or ranks out of step (every rank reads
-the same reduced vector, so every rank decides alike whether to enter it). Before the first, the ranks
-agree that all of them reached this check (:mod:`.comm`).
+A check's exchanges: the MAX of the fingerprint vectors (always), and one all-gather of a few numbers per
+rank when the reduced vector shows a difference or ranks out of step (every rank reads the same reduced
+vector, so every rank decides alike whether to enter it). Before the first, the ranks agree that all of them
+reached this check (:mod:`.comm`); a check on the calling thread (:func:`run`) of up to ``comm.GATHER_RANKS``
+ranks takes its MAX in that same meeting, the vectors riding with the agreement through the store
+(``channel.meet``): no collective unless the replicas differ.
 """
 import weakref
 
@@ -198,14 +200,16 @@ def _to_host(vector, details):
                            "stats": host[length + 2 * count:].reshape(count, -1)}
 
 
-def exchange(pending, tolerance=DEFAULT_TOLERANCE):
-    """The part of a check every rank enters once all agreed to: the all-reduce, the verdict (and, on a
-    difference, its all-gather), the stream's history. The SyncReport."""
+def exchange(pending, tolerance=DEFAULT_TOLERANCE, reduced=None):
+    """The part of a check every rank enters once all agreed to: the all-reduce (unless ``reduced``, the
+    MAX already taken, is given), the verdict (and, on a difference, its all-gather), the stream's history.
+    The SyncReport."""
     import torch
 
     channel = pending.channel
     with torch.no_grad():
-        reduced = channel.all_reduce_max(pending.vector)
+        if reduced is None:
+            reduced = channel.all_reduce_max(pending.vector)
         report = decide(fingerprint.decode(reduced), pending.layout, pending.error, channel, pending.step, tolerance,
                         pending.stream)
     if pending.stream.checks >= 0:
@@ -224,12 +228,13 @@ def run(obj, step, stream, barrier=None, tolerance=DEFAULT_TOLERANCE, channel=No
     if pending is None:
         return None
     channel = pending.channel
-    if not channel.agree(pending.barrier):
+    reduced = channel.meet(pending.barrier, pending.vector)  # the agreement and the MAX, one meeting
+    if reduced is None:
         # the barrier's name is for the ranks; the caller names the stream as the user knows it
         raise comm.StoodDown("not every rank reached this check (%s) within %ss: an optimizer stepped on "
                              "some ranks only, ranks out of step, or a rank gone"
                              % (_check_number(stream), getattr(channel, "timeout", "?")))
-    report = exchange(pending, tolerance)
+    report = exchange(pending, tolerance, reduced)
     previous = (channel.rank, stream.key)  # per rank: replicas may be threads of this process
     channel.forget(_previous.pop(previous, None))
     _previous[previous] = pending.barrier
