@@ -113,6 +113,9 @@ def test_several_tensors_in_one_slot_add_their_hashes():
                                       + int(fingerprint.tensor_hash(ts[2], 2)))
     assert _joined(decoded, "bits", 0) == expected
     assert float(decoded["sum"][0][0]) == pytest.approx(float(ts[0].sum() + ts[2].sum()), rel=1e-6)
+    for field, hashed, described in (("shape", fingerprint.shape_hash, (3,)), ("dtype", fingerprint.dtype_hash,
+                                                                               "float32")):
+        assert _joined(decoded, field, 0) == fingerprint.unsigned32(hashed(0, described) + hashed(2, described))
 
 
 def test_value_sum_and_its_scale():

@@ -567,6 +567,18 @@ def failed_vector(device=None, slots=SLOTS, step=None, lanes=1, cpu_hash=None):
 
 
 _slot_cache = {}
+#: The fields of a slot that its tensors' structure alone gives (the first of SLOT_EXACT).
+SLOT_STRUCTURE = ("present", "shape_hi", "shape_lo", "dtype_hi", "dtype_lo")
+
+
+def _slot_structure(held):
+    """{slot: the values of its SLOT_STRUCTURE fields} for each slot some tensor of ``held`` goes to (present;
+    the sums of its tensors' shape and dtype hashes, each as two halves)."""
+    shape_sums, dtype_sums = {}, {}
+    for position, slot, shape, dtype in held:
+        shape_sums[slot] = shape_sums.get(slot, 0) + shape_hash(position, shape)
+        dtype_sums[slot] = dtype_sums.get(slot, 0) + dtype_hash(position, dtype)
+    return {slot: (1.0,) + _halves(shape_sums[slot]) + _halves(dtype_sums[slot]) for slot in shape_sums}
 
 
 def _slot_fields(held, slots):
@@ -578,17 +590,10 @@ def _slot_fields(held, slots):
     cached = _slot_cache.get((held, slots))
     if cached is not None:
         return cached
-    present = [0.0] * slots
-    shape_sums, dtype_sums = [0] * slots, [0] * slots
-    for position, slot, shape, dtype in held:
-        present[slot] = 1.0
-        shape_sums[slot] += shape_hash(position, shape)
-        dtype_sums[slot] += dtype_hash(position, dtype)
-    fields = list(present)
-    for per_slot in (shape_sums, dtype_sums):
-        halves = [_halves(v) for v in per_slot]
-        fields += [h for h, _ in halves] + [l for _, l in halves]
-    made = torch.tensor(fields, dtype=torch.float32), torch.tensor(present, dtype=torch.float32) > 0
+    fields = torch.zeros(len(SLOT_STRUCTURE), slots, dtype=torch.float32)  # the slots held by none: all 0
+    for slot, values in _slot_structure(held).items():
+        fields[:, slot] = torch.tensor(values)
+    made = fields.reshape(-1), fields[0] > 0
     _slot_cache.clear()  # replica threads of one process may fingerprint at once: each returns its own
     _slot_cache[(held, slots)] = made
     return made
@@ -674,14 +679,9 @@ def _host_vector(fast, held, structures, slots, step, lanes, form, scale):
     instead of some thirty (most of a small model's fingerprint)."""
     import torch
 
-    key = (held, structures, slots, lanes, form, scale)
+    key = (held, slots)
     cached = _host_cache.get(key)
     if cached is None:
-        cpu = torch.device("cpu")
-        header = torch.tensor(_header(0, 0, len(structures), structure_digest(structures), lanes, form=form),
-                              dtype=torch.float32)
-        blank = torch.tensor([[0.0, 0.0, 0.0 if scale else ABSENT]] * len(held), dtype=torch.float32)
-        template = _assembled(held, torch.zeros(len(held), dtype=torch.int32), blank, header, slots, cpu, scale)
         exact, floats, scales = _layout(slots)
         bits_hi, bits_lo, nonfinite = (len(HEADER) + SLOT_EXACT.index(name) * slots
                                        for name in ("bits_hi", "bits_lo", "nonfinite"))
@@ -691,7 +691,7 @@ def _host_vector(fast, held, structures, slots, step, lanes, form, scale):
                        exact + bits_lo + slot, exact + nonfinite + slot, floats + slot, floats + slots + slot,
                        scales + slot]
         places += list(range(len(HEADER))) + list(range(exact, exact + len(HEADER)))
-        cached = (template, torch.tensor(places, dtype=torch.int64))
+        cached = (_template(held, slots), torch.tensor(places, dtype=torch.int64))
         _host_cache.clear()  # replica threads of one process may fingerprint at once: each returns its own
         _host_cache[key] = cached
     template, places = cached
@@ -710,6 +710,24 @@ def _host_vector(fast, held, structures, slots, step, lanes, form, scale):
     vector = template.clone()
     vector[places] = torch.tensor(values, dtype=torch.float32)
     return vector
+
+
+def _template(held, slots):
+    """The vector of :func:`_host_vector` before its values are written: every field absent (-inf) but the
+    structure fields of the held slots (and their negatives), written by index (no other tensor operation:
+    each one's first use in a process costs torch a few tenths of a millisecond, on an optimizer's first check)."""
+    import torch
+
+    exact = _layout(slots)[0]
+    places, values = [], []
+    for slot, fields in _slot_structure(held).items():
+        for index, value in enumerate(fields):
+            place = len(HEADER) + index * slots + slot
+            places += [place, exact + place]
+            values += [value, -value]
+    template = torch.full((vector_length(slots),), ABSENT, dtype=torch.float32)
+    template[torch.tensor(places, dtype=torch.int64)] = torch.tensor(values, dtype=torch.float32)
+    return template
 
 
 def decode(reduced, slots=SLOTS):

@@ -115,9 +115,10 @@ def _register(module):
                   % (SYNC_CHECK_VAR, getattr(torch, "__version__", "?")))
         return
     _armed["handles"] = (register_pre(_before_step), register_post(_after_step))
-    from . import worker
+    from . import fingerprint, worker
 
     worker.watch_destroy()  # before the script's own ``from torch.distributed import destroy_process_group``
+    fingerprint.xxhash_module()  # imported now, with torch, not inside an optimizer's first step (about 1 ms)
 
 
 def disarm():
