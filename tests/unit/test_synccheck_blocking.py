@@ -155,7 +155,7 @@ def test_while_a_rank_waits_for_the_vote_its_other_threads_use_the_store_at_once
 def _job(store, rank, name="A"):
     torch.manual_seed(0)
     channel = Channel(store, rank)
-    pending = compare.Pending(channel, compare.Stream(name), 1, name + "/0", None, None, None)
+    pending = compare.Pending(channel, compare.Stream(name), 1, name + "/0", None, torch.zeros(8), None)
     return worker.Job(pending, lambda *a: None, lambda *a: None)
 
 

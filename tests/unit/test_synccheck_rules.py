@@ -607,7 +607,7 @@ def _meet_on_threads(channels, key, rows, ranks):
 
 
 def _vector_keys(store, key, size):
-    return [r for r in range(size) if store.check([comm.KEY_PREFIX + key + "/vector/%d" % r])]
+    return [r for r in range(size) if store.check([comm.KEY_PREFIX + key + comm.vector_key(r)])]
 
 
 @pytest.mark.parametrize("size", [2, 3, comm.GATHER_RANKS])
@@ -656,17 +656,35 @@ def test_above_the_bound_the_ranks_agree_and_then_reduce(monkeypatch):
     assert _vector_keys(store, "m/2", 2) == []
 
 
-def test_a_peer_vector_of_another_length_stands_the_check_down_naming_both():
-    short = comm._bytes_of(torch.zeros(3))
-    with pytest.raises(comm.StoodDown, match="12 bytes, this rank's 16: install the same"):
-        comm._tensor_of(short, torch.zeros(4))
-    assert torch.equal(comm._tensor_of(comm._bytes_of(torch.tensor([1.5, -0.0, float("inf")])), torch.zeros(3)),
-                       torch.tensor([1.5, -0.0, float("inf")]))
+@pytest.mark.parametrize("held", [0, 3, 40, 64])
+def test_a_vector_read_back_from_the_store_is_bit_for_bit_the_one_written(held):
+    """Sparse (fewer than half the values present: positions and values only) or dense: the same bits, -0.0,
+    NaN and inf included; -inf (absent) wherever nothing was sent."""
+    torch.manual_seed(held)
+    vector = torch.full((64,), float("-inf"))
+    places = torch.randperm(64)[:held]
+    vector[places] = torch.randn(held)
+    special = [float("nan"), -0.0, float("inf"), 3.0e38]
+    vector[places[:len(special)]] = torch.tensor(special[:held])
+    sent = comm._bytes_of(vector)
+    assert len(sent) == 12 + (8 * held if 2 * held < 64 else 4 * 64)
+    assert torch.equal(comm._tensor_of(sent, vector).view(torch.int32), vector.view(torch.int32))
 
-# --------------------------------------------------------------------------- no declared layout: each tensor's first look
-def _streams(size, replicas, first_look=True):
-    """The zero-code check's streams (``first_look``: tensors no layout places are decided at their first look)."""
-    return [compare.Stream("s", replicas, first_look=first_look) for _ in range(size)]
+
+@pytest.mark.parametrize("sent, why", [(b"", "0 bytes"), (b"\x01" * 11, "11 bytes"),
+                                       ("other length", "holds 4 values"), ("cut", "holds 4 values"),
+                                       ("bad position", "position out of range")])
+def test_bytes_that_are_not_a_vector_of_this_length_stand_the_check_down_naming_why(sent, why):
+    import struct
+
+    if sent == "other length":
+        sent = comm._bytes_of(torch.zeros(3))
+    elif sent == "cut":
+        sent = comm._bytes_of(torch.zeros(4))[:-1]
+    elif sent == "bad position":
+        sent = struct.pack("<iii", comm.SPARSE, 4, 1) + struct.pack("<i", 9) + struct.pack("<f", 1.0)
+    with pytest.raises(comm.StoodDown, match=why):
+        comm._tensor_of(sent, torch.zeros(4))
 
 
 def _held(build, size=2):

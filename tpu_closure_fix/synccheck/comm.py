@@ -30,6 +30,7 @@ Picked at each check from the process's environment alone:
 * Otherwise (one process, world size 1): no channel; a check does nothing.
 """
 import os
+import struct
 import sys
 import threading
 
@@ -293,20 +294,17 @@ class _StoreChannel(object):
         meeting of the ranks instead of two (the agreement, then a collective), and no collective at all.
         Above the bound each rank would read every other's vector from the one store: the agreement, then
         :meth:`all_reduce_max`."""
-        import torch
-
-        if self.size > GATHER_RANKS:
+        if not rides_with_vote(self):
             return self.all_reduce_max(vector) if self.agree(key) else None
         host = vector.detach().to("cpu").contiguous()
-        if not self._agree(key, (_vector_key(self.rank), _bytes_of(host))):
+        if not self._agree(key, (vector_key(self.rank), _bytes_of(host))):
             return None
-        keys = [KEY_PREFIX + key + _vector_key(r) for r in range(self.size) if r != self.rank]
         try:
-            values = _read_all(self._store(), keys)
+            return read_max(self, self._store(), KEY_PREFIX + key, host)
+        except StoodDown:
+            raise
         except Exception as exc:
             raise self._failed_store(exc)
-        rows = [host] + [_tensor_of(value, host) for value in values]
-        return torch.stack(rows).amax(0)
 
     def _agree(self, key, written=None):
         """:meth:`agree`; ``written``: a (key suffix, bytes) this rank writes before it counts itself in, and
@@ -366,8 +364,8 @@ class _StoreChannel(object):
         try:
             store = self._store()
             suffixes = ("/arrived", "/decision") if self.rank == 0 else ()
-            if self.size <= GATHER_RANKS:
-                suffixes += (_vector_key(self.rank),)
+            if rides_with_vote(self):
+                suffixes += (vector_key(self.rank),)
             for suffix in suffixes:
                 store.delete_key(KEY_PREFIX + key + suffix)
         except Exception:
@@ -451,29 +449,91 @@ class _StoreChannel(object):
         return self._run("all-gather", gather)
 
 
-def _vector_key(rank):
+def rides_with_vote(channel):
+    """Whether ``channel``'s ranks exchange their vectors through the store with the vote (up to
+    ``GATHER_RANKS`` ranks): each rank writes its vector under the check's key before it counts itself in and
+    reads the others' once the check is agreed "go" (:func:`read_max`), so no collective follows."""
+    return channel.size <= GATHER_RANKS
+
+
+def vector_key(rank):
+    """The suffix, after a check's key, of the vector rank ``rank`` wrote for it."""
     return "/vector/%d" % rank
 
 
-def _bytes_of(host):
-    """The bytes of the contiguous CPU tensor ``host`` (no numpy: it may be absent)."""
+def write_vector(channel, store, key, vector):
+    """Write this rank's ``vector`` (on the host) under the check's full ``key``."""
+    store.set(key + vector_key(channel.rank), _bytes_of(vector.detach().to("cpu").contiguous()))
+
+
+def read_max(channel, store, key, vector):
+    """The elementwise MAX of this rank's ``vector`` and every other rank's, read from ``store`` under the
+    check's full ``key`` (every rank wrote its vector before it counted itself in: call once the check is
+    agreed "go"). A peer's vector of another length: StoodDown; a store that fails: its error."""
+    import torch
+
+    host = vector.detach().to("cpu").contiguous()
+    values = _read_all(store, [key + vector_key(r) for r in range(channel.size) if r != channel.rank])
+    return torch.stack([host] + [_tensor_of(value, host) for value in values]).amax(0)
+
+
+def _raw(tensor):
+    """The bytes of the contiguous CPU tensor ``tensor`` (no numpy: it may be absent)."""
     import ctypes
 
-    return ctypes.string_at(host.data_ptr(), host.numel() * host.element_size())
+    return ctypes.string_at(tensor.data_ptr(), tensor.numel() * tensor.element_size())
+
+
+def _from_raw(data, dtype, count):
+    import torch
+
+    if hasattr(torch, "frombuffer"):
+        return torch.frombuffer(bytearray(data), dtype=dtype, count=count) if count else torch.empty(0, dtype=dtype)
+    return torch.tensor(memoryview(bytearray(data)).cast("i" if dtype == torch.int32 else "f").tolist(),
+                        dtype=dtype)  # torch < 1.10
+
+
+#: How a vector travels through the store: a header (the form, the vector's length, the values sent), then
+#: either every value (DENSE) or the positions of the values that are not -inf and those values (SPARSE): an
+#: absent slot is -inf in every field, the MAX's identity, so a small model's vector (a few of its 1,024 slots
+#: held) is about 1 KiB instead of 76 KiB, and read back it is bit for bit the vector written.
+_HEADER = struct.Struct("<iii")
+DENSE, SPARSE = 1, 2
+
+
+def _bytes_of(host):
+    """``host`` (a contiguous float32 CPU vector) as the bytes a peer reads back with :func:`_tensor_of`."""
+    import torch
+
+    kept = torch.nonzero(host != float("-inf")).reshape(-1)
+    if 2 * kept.numel() >= host.numel():
+        return _HEADER.pack(DENSE, host.numel(), host.numel()) + _raw(host)
+    return (_HEADER.pack(SPARSE, host.numel(), kept.numel()) + _raw(kept.to(torch.int32).contiguous())
+            + _raw(host[kept].contiguous()))
 
 
 def _tensor_of(value, like):
-    """The tensor a peer wrote with :func:`_bytes_of`, of ``like``'s dtype (float32) and length; StoodDown
-    (this check cannot be read, the channel still can) for bytes of another length."""
+    """The vector a peer wrote with :func:`_bytes_of`, checked against ``like`` (this rank's: float32, its
+    length); StoodDown (this check cannot be read, the channel still can) for bytes that are not such a vector."""
     import torch
 
-    data = bytearray(value)
-    if len(data) != like.numel() * like.element_size():
-        raise StoodDown("a peer's vector has %d bytes, this rank's %d: install the same tpu-closure-fix release "
-                        "on every host" % (len(data), like.numel() * like.element_size()))
-    if hasattr(torch, "frombuffer"):
-        return torch.frombuffer(data, dtype=like.dtype)
-    return torch.tensor(memoryview(data).cast("f").tolist(), dtype=like.dtype)  # torch < 1.10: float32 only
+    value = bytes(value)
+    form, length, count = _HEADER.unpack_from(value) if len(value) >= _HEADER.size else (0, -1, 0)
+    body = len(value) - _HEADER.size
+    expected = {DENSE: 4 * length, SPARSE: 8 * count}.get(form)
+    if length != like.numel() or expected is None or body != expected or not 0 <= count <= length:
+        raise StoodDown("a peer's vector cannot be read here (%d bytes; this rank's holds %d values): install the "
+                        "same tpu-closure-fix release on every host" % (len(value), like.numel()))
+    if form == DENSE:
+        return _from_raw(value[_HEADER.size:], torch.float32, length)
+    positions = _from_raw(value[_HEADER.size:_HEADER.size + 4 * count], torch.int32, count).to(torch.int64)
+    vector = torch.full((length,), float("-inf"), dtype=torch.float32)
+    if count:
+        if int(positions.min()) < 0 or int(positions.max()) >= length:
+            raise StoodDown("a peer's vector cannot be read here (a position out of range): install the same "
+                            "tpu-closure-fix release on every host")
+        vector[positions] = _from_raw(value[_HEADER.size + 4 * count:], torch.float32, count)
+    return vector
 
 
 def _read_all(store, keys):
