@@ -222,8 +222,8 @@ def print_loop(name, cfg, runs):
         whole[0], whole[1], 1e3 * whole[1] / cfg["steps"]))
     print("  per check         added %+8.2f ms (paired median; IQR %+.2f .. %+.2f)   fingerprint %7.2f ms" % (
         added, 1e3 * whole[3][0] / checks, 1e3 * whole[3][1] / checks, fingerprint))
-    print("  first step        added %+8.2f ms (IQR %+.2f .. %+.2f; its 2 checks: the first makes the layout and "
-          "starts the worker)" % (first_added, 1e3 * first[3][0], 1e3 * first[3][1]))
+    print("  first step        added %+8.2f ms (IQR %+.2f .. %+.2f; its 2 checks, the process's first)" % (
+        first_added, 1e3 * first[3][0], 1e3 * first[3][1]))
     if later > 0:
         print("  each later check  added %+8.2f ms (IQR %+.2f .. %+.2f)" % (
             1e3 * rest[2] / later, 1e3 * rest[3][0] / later, 1e3 * rest[3][1] / later))

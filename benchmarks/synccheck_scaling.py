@@ -3,11 +3,12 @@
 
 For each world size (``--worlds``, default 2, 4, 8, 16) that many processes (torch.distributed over
 gloo, CPU, one thread each) hold the demo's model (``--model``, as benchmarks/synccheck_overhead.py) and
-run ``--reps`` comparisons (``compare_replicas``: fingerprint, the store agreement, one MAX all-reduce of
-the fixed-length vector on the check's own gloo group), each after a barrier so that every rank starts
-it together. Rank 0 prints the median time of one comparison and of its parts, each timed alone: the
-fingerprint (local, independent of the world), the agreement through the store and the all-reduce (what
-grows with the world).
+run ``--reps`` comparisons (``compare_replicas``: fingerprint, then the exchange: up to ``comm.GATHER_RANKS``
+ranks the store agreement with the vectors riding on it, above that the agreement and one MAX all-reduce of the
+fixed-length vector on the check's own gloo group), each after a barrier so that every rank starts it together.
+Rank 0 prints the median time of one comparison and of its parts, each timed alone: the fingerprint (local,
+independent of the world) and the exchange (``channel.meet``: what grows with the world), and the bytes of one
+vector as a rank sends it through the store (its present fields).
 
 On this project's 2-core machine, worlds above 2 oversubscribe the cores, so the figures there include
 waiting for a core: an upper bound of what the exchange costs, used in docs/synccheck.md to bound a pod.
@@ -59,7 +60,7 @@ def worker(rank, world, port, model, reps):
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
     torch.manual_seed(0)
     net = build_model(MODELS[model])
-    totals, prints, agrees, reduces = [], [], [], []
+    totals, prints, exchanges = [], [], []
     channel = comm.channel()
     for i in range(reps + 1):
         dist.barrier()
@@ -68,11 +69,9 @@ def worker(rank, world, port, model, reps):
         vector = fingerprint.local_vector(layout.entries, layout.structures, step=i, lanes=layout.lanes)
         middle = time.perf_counter()
         dist.barrier()
-        agreed = time.perf_counter()
-        assert channel.agree("bench/%d" % i)
-        reduce_start = time.perf_counter()
-        channel.all_reduce_max(vector)
-        reduce_end = time.perf_counter()
+        met = time.perf_counter()
+        assert channel.meet("bench/%d" % i, vector) is not None
+        met_end = time.perf_counter()
         dist.barrier()
         begin = time.perf_counter()
         report = compare.compare_replicas(net, step=i)
@@ -80,15 +79,14 @@ def worker(rank, world, port, model, reps):
         assert report.outcome == "identical", report.message()
         if i:  # the first includes making the check's own group
             prints.append(middle - start)
-            agrees.append(reduce_start - agreed)
-            reduces.append(reduce_end - reduce_start)
+            exchanges.append(met_end - met)
             totals.append(end - begin)
     dist.barrier()
     if rank == 0:
         fp, total = statistics.median(prints), statistics.median(totals)
         print(json.dumps({"world": world, "check_ms": total * 1e3, "fingerprint_ms": fp * 1e3,
-                          "agree_ms": statistics.median(agrees) * 1e3, "reduce_ms": statistics.median(reduces) * 1e3,
-                          "vector_bytes": 4 * fingerprint.vector_length(), "reps": reps}), flush=True)
+                          "exchange_ms": statistics.median(exchanges) * 1e3,
+                          "vector_bytes": len(comm._bytes_of(vector)), "reps": reps}), flush=True)
     dist.destroy_process_group()
 
 
@@ -216,13 +214,11 @@ def main():
     worlds = [2] if args.smoke else [int(w) for w in args.worlds.split(",")]
     reps = 3 if args.smoke else args.reps
     print("one SyncCheck comparison (%s model), median of %d, gloo on %d cores" % (args.model, reps, os.cpu_count()))
-    print("%6s %10s %15s %10s %11s %11s" % ("world", "check ms", "fingerprint ms", "agree ms", "reduce ms",
-                                              "vector KiB"))
+    print("%6s %10s %15s %12s %11s" % ("world", "check ms", "fingerprint ms", "exchange ms", "vector KiB"))
     for world in worlds:
         r = measure(world, args.model, reps)
-        print("%6d %10.2f %15.2f %10.2f %11.2f %11.1f" % (r["world"], r["check_ms"], r["fingerprint_ms"],
-                                                          r["agree_ms"], r["reduce_ms"], r["vector_bytes"] / 1024.0),
-              flush=True)
+        print("%6d %10.2f %15.2f %12.2f %11.1f" % (r["world"], r["check_ms"], r["fingerprint_ms"], r["exchange_ms"],
+                                                  r["vector_bytes"] / 1024.0), flush=True)
 
 
 if __name__ == "__main__":

@@ -687,6 +687,12 @@ def test_bytes_that_are_not_a_vector_of_this_length_stand_the_check_down_naming_
         comm._tensor_of(sent, torch.zeros(4))
 
 
+# --------------------------------------------------------------------------- no declared layout: each tensor's first look
+def _streams(size, replicas, first_look=True):
+    """The zero-code check's streams (``first_look``: tensors no layout places are decided at their first look)."""
+    return [compare.Stream("s", replicas, first_look=first_look) for _ in range(size)]
+
+
 def _held(build, size=2):
     """Each rank's tensors, built once: the first-check rule's decisions belong to the tensors themselves."""
     tensors = [build(rank) for rank in range(size)]
