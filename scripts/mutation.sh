@@ -35,6 +35,8 @@ report|tpu_closure_fix/synccheck/report.py|tests/unit/test_synccheck_said.py tes
 calls|tpu_closure_fix/calls.py|tests/unit/test_calls.py tests/unit/test_calls_edges.py
 evidence|tpu_closure_fix/synccheck/evidence.py|tests/unit/test_synccheck_evidence.py
 launch|tpu_closure_fix/synccheck/launch.py|tests/unit/test_synccheck_host.py tests/unit/test_launcher.py
+comm|tpu_closure_fix/synccheck/comm.py|tests/unit/test_synccheck_rules.py tests/unit/test_synccheck_blocking.py
+worker|tpu_closure_fix/synccheck/worker.py|tests/unit/test_synccheck_worker.py tests/unit/test_synccheck_blocking.py
 "
 
 if [ ! -x "$VENV/bin/mutmut" ]; then
