@@ -280,6 +280,28 @@ def test_twin_the_checks_handler_alone_ends_the_process_as_sigterm_does(tmp_path
     assert proc.returncode == -signal.SIGTERM and proc.stdout == "", proc
 
 
+RELEASE_CHILD = """
+import signal, sys
+sys.path.insert(0, sys.argv[1])
+from tpu_closure_fix.synccheck import worker
+def mine(signum, frame):
+    pass
+worker._watch_sigterm()
+installed = signal.getsignal(signal.SIGTERM) is worker._on_sigterm
+worker.release()
+released = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+signal.signal(signal.SIGTERM, mine)  # the program's own handler, installed later: never taken back
+worker.release()
+print(installed, released, signal.getsignal(signal.SIGTERM) is mine)
+"""
+
+
+def test_the_job_s_end_gives_sigterm_its_default_action_back_and_leaves_a_program_s_handler_alone(tmp_path):
+    proc = subprocess.run([sys.executable, "-I", "-c", RELEASE_CHILD, ranks.REPO], capture_output=True, text=True,
+                          timeout=120, cwd=str(tmp_path))
+    assert proc.returncode == 0 and proc.stdout.split() == ["True", "True", "True"], proc
+
+
 def test_the_checks_the_end_drops_are_said_in_one_line_warning_only_for_a_real_loss():
     import logging
     import types

@@ -839,6 +839,20 @@ def _watch_sigterm():
         pass
 
 
+def _unwatch_sigterm():
+    """SIGTERM's default action back once no check is left to answer (the job destroyed its process group): only
+    where the check's handler is still SIGTERM's own, on the main thread; the next worker installs it again."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except (ValueError, OSError):
+        pass
+
+
 def _on_sigterm(signum, frame):
     """SIGTERM: the default action back first (a second SIGTERM ends the process at once), the checks handed over
     answered or said dropped (:func:`finish`, bounded), then the signal again, to end as SIGTERM ends a process.
@@ -865,6 +879,7 @@ def release(wait=EXIT_WAIT, answer=True):
     try:
         finish(wait, answer)
         comm.release_groups()
+        _unwatch_sigterm()
     finally:
         _state["ending"] = False
 
