@@ -187,11 +187,10 @@ def _absent(store, key):
 # --------------------------------------------------------------------------- the worker waits for a late rank
 #: Seconds the other rank's worker gets the check after this one's, in the worker's test: at once, and late.
 WORKER_LATE = (0.0, 1.0)
-#: Store calls of the first rank's worker for one check when it blocks: its vector written and count in, a round,
-#: the watch (a second connection and its one wait), a round at STUCK, a round when the other rank's proposal
-#: comes, the exchange (the other vector read), its count of ranks done and its keys deleted (23 here, whatever
-#: the wait). The polling shape makes about 20 rounds of 2 calls per second of waiting.
-WORKER_CALLS = 24
+#: Store calls of the first rank's worker for one check when it blocks: count in, a round, the watch (a second
+#: connection and its one wait), a round at STUCK, a round when the other rank's proposal comes, the exchange
+#: and its keys deleted (17 here). The polling shape makes about 20 rounds of 2 calls per second of waiting.
+WORKER_CALLS = 20
 
 
 class CountingView(object):

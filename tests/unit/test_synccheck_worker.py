@@ -11,7 +11,7 @@ dist = pytest.importorskip("torch.distributed")
 
 from support.thread_ranks import ThreadChannel, ThreadWorld  # noqa: E402
 from tpu_closure_fix import settings  # noqa: E402
-from tpu_closure_fix.synccheck import comm, compare, worker  # noqa: E402
+from tpu_closure_fix.synccheck import compare, worker  # noqa: E402
 
 
 # --------------------------------------------------------------------------- decision lines
@@ -120,9 +120,9 @@ def _answered(outcomes, seconds):
         assert outcome.done.wait(seconds)
 
 
-def _run(orders, timeout=5.0, store=None):
+def _run(orders, timeout=5.0):
     """Each rank (a thread) fingerprints the checks named in its order and hands them to its own worker."""
-    store, world = store or dist.HashStore(), ThreadWorld(len(orders))
+    store, world = dist.HashStore(), ThreadWorld(len(orders))
     outcomes = [Outcome() for _ in orders]
     workers = [worker.Worker().start() for _ in orders]
     models = _models()
@@ -184,39 +184,6 @@ def test_a_check_one_rank_never_reaches_stands_down_naming_the_ranks_and_holds_n
     assert zero.stood_down == {"P/0": who + " within 8s (an optimizer stepped on some ranks only, ranks out of "
                                             "step, or a rank gone)"}
     assert zero.events == ["A/0", "P/0"]  # A, fingerprinted after P, did not wait for P's deadline
-
-
-def _left(store, names):
-    """The check keys still in ``store``: each check's count, vote, ranks and vectors, the exchanges' slots."""
-    keys = ["exchange/%d" % n + suffix for n in range(len(names)) for suffix in ("", "/done")]
-    keys += [name + suffix for name in names
-             for suffix in ("/arrived", "/decision", "/ranks", comm.vector_key(0), comm.vector_key(1))]
-    return [key for key in keys if store.check([comm.KEY_PREFIX + key])]
-
-
-@pytest.mark.parametrize("bound", [comm.GATHER_RANKS, 1])
-def test_the_vectors_ride_with_the_vote_and_the_last_rank_done_deletes_every_key(monkeypatch, bound):
-    """Up to GATHER_RANKS ranks each rank writes its vector as it arrives and reads the others' from the store: no
-    all-reduce; the last rank done with an exchange deletes its keys, the vectors included. Twin (above the
-    bound): the all-reduce, no vector written, rank 0 deletes the keys."""
-    monkeypatch.setattr(comm, "GATHER_RANKS", bound)
-    reduced = []
-    real = ThreadChannel.all_reduce_max
-    monkeypatch.setattr(ThreadChannel, "all_reduce_max", lambda self, v: reduced.append(self.rank) or real(self, v))
-    store = dist.HashStore()
-    outcomes = _run([["A", "B"], ["B", "A"]], store=store)
-    for outcome in outcomes:
-        assert [outcome.reports[k].outcome for k in ("A/0", "B/0")] == ["identical", "identical"]
-    assert sorted(reduced) == ([] if bound >= 2 else [0, 0, 1, 1])
-    assert _left(store, ["A/0", "B/0"]) == []
-
-
-def test_a_check_voted_abort_leaves_no_vector():
-    store = dist.HashStore()
-    zero, _ = _run([["P", "A"], ["A"]], timeout=1, store=store)
-    assert list(zero.stood_down) == ["P/0"] and zero.reports["A/0"].outcome == "identical"
-    assert [key for key in _left(store, ["P/0"]) if "/vector/" in key] == []
-    assert store.check([comm.KEY_PREFIX + "P/0/decision"])  # the vote stays: a late rank reads "abort"
 
 
 class _Held(object):

@@ -23,10 +23,7 @@ and the check's own gloo group:
 3. **Order.** Checks agreed "go" are exchanged one at a time in an order every rank reads from the store:
    exchange number ``n`` is the first "go" check some rank proposes for it (compare-and-set again), so the
    ranks enter the check's collectives in the same order whatever order they fingerprinted them in.
-4. **Exchange and verdict** (:func:`.compare.exchange`): up to ``comm.GATHER_RANKS`` ranks each rank wrote its
-   vector into the store as it arrived, so the MAX is read from there (:func:`.comm.read_max`) with no
-   collective (the last rank done with the exchange deletes its keys); above, the check's gloo all-reduce. The
-   report is given as soon as it is known, naming the
+4. **Exchange and verdict** (:func:`.compare.exchange`); the report is given as soon as it is known, naming the
    check's step, its warning pointing at the user's line that stepped (captured on the training thread).
    After a divergence every rank, whatever its own action, enters one more small all-reduce (a rank that
    only warns proposes :data:`NOT_RAISING`): the raising ranks agree there on the optimizer step at which
@@ -434,8 +431,6 @@ class Worker(object):
             store = self._store(job)
             if hasattr(store, "append"):
                 store.append(job.key + "/ranks", "%d," % channel.rank)
-            if comm.rides_with_vote(channel):  # before counting in: once every rank is in, every vector is there
-                comm.write_vector(channel, store, job.key, job.pending.vector)
             arrived = store.add(job.key + "/arrived", 1)
         except Exception as exc:
             self._give_up(job, self._failed(job, exc))
@@ -454,11 +449,6 @@ class Worker(object):
             self._give_up(job, self._failed(job, exc))
             return
         if job.decision != "go":
-            if comm.rides_with_vote(job.pending.channel):  # no rank reads a vector of a check voted "abort"
-                try:
-                    store.delete_key(job.key + comm.vector_key(job.pending.channel.rank))
-                except Exception:
-                    pass
             self._give_up(job, self._not_reached(job))
 
     def _agree(self):
@@ -540,16 +530,8 @@ class Worker(object):
 
         pending = job.pending
         try:
-            reduced = None
-            if comm.rides_with_vote(pending.channel):  # every rank's vector is in the store: no collective
-                try:
-                    reduced = comm.read_max(pending.channel, self._store(job), job.key, pending.vector)
-                except comm.StoodDown:
-                    raise
-                except Exception as exc:
-                    raise self._failed(job, exc)
             report = compare.exchange(pending, job.tolerance if job.tolerance is not None
-                                      else compare.DEFAULT_TOLERANCE, reduced)
+                                      else compare.DEFAULT_TOLERANCE)
             raise_at = None
             if raise_round(report, pending.stream.raise_settled):
                 raise_at = self._agree_raise_step(job)
@@ -573,21 +555,12 @@ class Worker(object):
         return raise_step(job.raising, int(agreed[0]))
 
     def _forget(self, job, slot):
-        """Delete an exchanged check's keys once every rank has read them. Where the vectors ride with the vote
-        no collective tells a rank that the others are past the check: each rank counts itself done under the
-        slot, and the last one deletes the keys, the vectors included. Else rank 0 deletes them (every rank
-        entered the check's all-reduce, so every rank read them)."""
-        channel = job.pending.channel
-        keys = [job.key + "/arrived", job.key + "/decision", job.key + "/ranks", slot]
+        """Rank 0 deletes an exchanged check's keys: every rank has read them (all entered its all-reduce)."""
+        if job.pending.channel.rank != 0:
+            return
         try:
             store = self._store(job)
-            if comm.rides_with_vote(channel):
-                if store.add(slot + "/done", 1) < channel.size:
-                    return
-                keys += [slot + "/done"] + [job.key + comm.vector_key(r) for r in range(channel.size)]
-            elif channel.rank != 0:
-                return
-            for key in keys:
+            for key in (job.key + "/arrived", job.key + "/decision", job.key + "/ranks", slot):
                 store.delete_key(key)
         except Exception:
             pass
