@@ -419,16 +419,22 @@ class _GatheringGroup(object):
         return types.SimpleNamespace(wait=lambda: True)
 
 
-@pytest.mark.parametrize("size", [2, 3, comm.GATHER_RANKS])
-def test_the_gathered_max_is_every_fields_maximum_over_the_ranks(monkeypatch, size):
-    """Up to GATHER_RANKS ranks the MAX comes from an all-gather: field by field the largest value any rank sent,
-    -inf (an absent slot) only where every rank sent it, the same on every rank."""
+def _ranks_vectors(size):
+    """One 64-field vector per rank: random, each rank's own fields absent (-inf), field 7 absent everywhere."""
     torch.manual_seed(size)
     rows = [torch.randn(64) for _ in range(size)]
     for r, row in enumerate(rows):
         row[r::size + 1] = float("-inf")  # absent on this rank only
     for r in range(size):
         rows[r][7] = float("-inf")  # absent everywhere
+    return rows
+
+
+@pytest.mark.parametrize("size", [2, 3, comm.GATHER_RANKS])
+def test_the_gathered_max_is_every_fields_maximum_over_the_ranks(monkeypatch, size):
+    """Up to GATHER_RANKS ranks the MAX comes from an all-gather: field by field the largest value any rank sent,
+    -inf (an absent slot) only where every rank sent it, the same on every rank."""
+    rows = _ranks_vectors(size)
     channel = comm.DistributedChannel.__new__(comm.DistributedChannel)
     channel.rank, channel.size, channel.timeout = 0, size, 5.0
     monkeypatch.setattr(channel, "_group", lambda: _GatheringGroup(rows), raising=False)
@@ -623,12 +629,7 @@ def test_the_vectors_ride_with_the_vote_and_each_rank_reads_their_maximum(monkey
     collective at all); once a later check agreed, forgetting the check takes each rank's vector out."""
     monkeypatch.setattr(comm, "_groups", {})
     store, channels = _store_channels(size, timeout=60)
-    torch.manual_seed(size)
-    rows = [torch.randn(64) for _ in range(size)]
-    for r, row in enumerate(rows):
-        row[r::size + 1] = float("-inf")  # absent on this rank only
-    for r in range(size):
-        rows[r][7] = float("-inf")  # absent everywhere
+    rows = _ranks_vectors(size)
     expected = torch.tensor([max(float(row[j]) for row in rows) for j in range(64)])
     out = _meet_on_threads(channels, "m/0", rows, range(size))
     assert sorted(out) == list(range(size))

@@ -461,11 +461,6 @@ def vector_key(rank):
     return "/vector/%d" % rank
 
 
-def write_vector(channel, store, key, vector):
-    """Write this rank's ``vector`` (on the host) under the check's full ``key``."""
-    store.set(key + vector_key(channel.rank), _bytes_of(vector.detach().to("cpu").contiguous()))
-
-
 def read_max(channel, store, key, vector):
     """The elementwise MAX of this rank's ``vector`` and every other rank's, read from ``store`` under the
     check's full ``key`` (every rank wrote its vector before it counted itself in: call once the check is
