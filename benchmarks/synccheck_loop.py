@@ -28,7 +28,7 @@ cores: the own time's paired differences spread about +-0.5 ms per check here, t
 
     python benchmarks/synccheck_loop.py                  # the figures in docs/synccheck.md (about 20 min)
     python benchmarks/synccheck_loop.py --loops small,small-spare --pairs 10
-    python benchmarks/synccheck_loop.py --smoke          # seconds: the script works (the small loop only)
+    python benchmarks/synccheck_loop.py --smoke          # seconds: the script works (the small loops only)
 """
 import argparse
 import json
@@ -85,6 +85,21 @@ def _worker_on_core(core):
         os.sched_setaffinity(0, {core})  # 0: the calling thread
         run(thread)
     worker._WorkerThread.run = run_on_core
+
+
+def _worker_cores():
+    """The cores this process's check worker thread may run on (None: no worker, or not readable here)."""
+    import threading
+
+    from tpu_closure_fix.synccheck import comm
+
+    for thread in threading.enumerate():
+        if thread.name == comm.WORKER_THREAD and getattr(thread, "native_id", None):
+            try:
+                return sorted(os.sched_getaffinity(thread.native_id))
+            except (AttributeError, OSError):
+                return None
+    return None
 
 
 def _fingerprint_ms(model, rank):
@@ -166,7 +181,8 @@ def rank_main(rank, port, cfg):
 
     worker.drain(60.0)  # the last checks answered: every check the loop handed over is counted
     result = {"loop_s": loop, "first_s": first, "own_s": own, "first_own_s": first_own, "train_cpu_s": cpu,
-              "worker_cpu_s": _worker_cpu(), "checks": hook.seen["checks"],
+              "worker_cpu_s": _worker_cpu(), "worker_cores": _worker_cores(), "cores": cores,
+              "checks": hook.seen["checks"],
               "armed_every": hook.armed_every(), "fingerprint_ms": _fingerprint_ms(model, rank),
               "params": sum(p.numel() for p in model.parameters()),
               "outcome": getattr(hook.seen["last_report"], "outcome", None)}
@@ -223,6 +239,10 @@ def check_arm(arm, cfg, rank0):
     if arm == "off" and (rank0["armed_every"] or rank0["checks"]):
         raise SystemExit("the 'off' run ran the check (armed every %s, %s checks): is %s set by something else?"
                          % (rank0["armed_every"], rank0["checks"], SYNC_CHECK_VAR))
+    spare = rank0["cores"][1:2] if cfg.get("spare") else []  # where rank 0's worker must run (none: not pinned)
+    if arm == "armed" and spare and rank0["worker_cores"] != spare:
+        raise SystemExit("the 'armed' run's check worker ran on cores %s, not on the spare core %d"
+                         % (rank0["worker_cores"], rank0["cores"][1]))
     want = expected_checks(cfg["steps"], cfg["every"])
     if arm == "armed" and (rank0["checks"] != want or rank0["outcome"] != "identical"):
         raise SystemExit("the 'armed' run delivered %s checks (want %d), the last %s: is the package importable "
@@ -297,7 +317,7 @@ def main():
     parser.add_argument("--pairs", type=int, default=None, help="ABBA pairs of runs per loop (default: %s)"
                         % ", ".join("%s %d" % item for item in PAIRS.items()))
     parser.add_argument("--smoke", action="store_true",
-                        help="1 pair of 30 steps of the small loop, shared by every loop: the script works")
+                        help="1 pair of 30 steps of the small loops (100m runs as small): the script works")
     args = parser.parse_args()
     if args.rank:
         rank, port, cfg = args.rank
@@ -307,16 +327,18 @@ def main():
         parser.error("--loops: %s; give some of %s" % (args.loops, ", ".join(LOOPS)))
     if args.pairs is not None and args.pairs < 1:
         parser.error("--pairs: %d; give 1 or more" % args.pairs)
-    print("%s; 2 gloo ranks, 1 thread each, each pinned to a core; load average %s" % (
-        time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), " ".join("%.1f" % v for v in os.getloadavg())),
-        flush=True)
+    pinned = len(os.sched_getaffinity(0)) >= 2 if hasattr(os, "sched_getaffinity") else False  # as rank_main
+    print("%s; 2 gloo ranks, 1 thread each, %s; load average %s" % (
+        time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "each pinned to a core" if pinned else "NOT pinned (fewer than 2 cores here): no spare core either",
+        " ".join("%.1f" % v for v in os.getloadavg())), flush=True)
     missed = 0
     measured = {}
     for name in names:
         cfg = dict(LOOPS[name])
         pairs = args.pairs or PAIRS[name]
-        if args.smoke:  # seconds, not minutes: every loop is the small one, 30 steps, measured once
-            cfg = dict(LOOPS["small"], steps=30)
+        if args.smoke:  # seconds, not minutes: every loop is a small one (its worker's core kept), 30 steps, once
+            cfg = dict(LOOPS["small"], steps=30, spare=bool(cfg.get("spare")))
             pairs = 1
         key = json.dumps([cfg, pairs], sort_keys=True)
         if key not in measured:  # loops of the same configuration share their runs (each run starts 2 torch)

@@ -21,7 +21,8 @@ def test_the_checks_counted_are_the_schedule_s(steps, every, checks):
 
 def _result(checks, outcome="identical", every=5, own=1.0, first_own=0.0):
     return {"armed_every": every, "checks": checks, "outcome": outcome, "fingerprint_ms": 1.0, "worker_cpu_s": 0.01,
-            "train_cpu_s": 1.0, "params": 100, "judged_own_s": own, "judged_first_own_s": first_own}
+            "train_cpu_s": 1.0, "params": 100, "judged_own_s": own, "judged_first_own_s": first_own,
+            "cores": [0, 1], "worker_cores": [1]}
 
 
 def test_an_off_run_that_checked_or_an_armed_run_that_missed_checks_stops_the_run():
@@ -34,6 +35,10 @@ def test_an_off_run_that_checked_or_an_armed_run_that_missed_checks_stops_the_ru
         bench.check_arm("armed", cfg, _result(8, "diverged"))
     bench.check_arm("off", cfg, _result(0, None, every=0))
     bench.check_arm("armed", cfg, _result(8))
+    spare = dict(cfg, spare=True)
+    bench.check_arm("armed", spare, _result(8))
+    with pytest.raises(SystemExit, match="ran on cores \\[0\\], not on the spare core 1"):
+        bench.check_arm("armed", spare, dict(_result(8), worker_cores=[0]))
 
 
 @pytest.mark.parametrize("added_s, met", [(0.0015, True), (0.0025, False)])
