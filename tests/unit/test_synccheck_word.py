@@ -44,6 +44,12 @@ def _raised_at(run):
     return found[0] if found else None
 
 
+#: What gloo says to a rank whose peer closed its connection: an end of stream read ("Connection closed by
+#: peer"), or the reset the kernel sends instead when the peer closed with bytes still unread ("Read error
+#: [address]:port: Connection reset by peer").
+PEER_GONE = ("Connection closed by peer", ": Connection reset by peer")
+
+
 def _raised_by_the_job(runs, *said):
     """Every rank ended with status 3, in time; the ranks that raised ReplicaDivergenceError name ``said`` and
     raised at the one step they agreed on. A rank stalled past that step when it learned it raises one step
@@ -52,7 +58,7 @@ def _raised_by_the_job(runs, *said):
     raised = [run for run in runs if (run.failure or "").startswith("ReplicaDivergenceError: SyncCheck: ")]
     for run in runs:
         assert run.returncode == 3 and not run.timed_out, run.describe()
-        assert run in raised or "Connection closed by peer" in (run.failure or ""), run.describe()
+        assert run in raised or any(words in (run.failure or "") for words in PEER_GONE), run.describe()
     assert raised, [run.describe() for run in runs]
     for run in raised:
         assert all(text in run.failure for text in said), run.failure
