@@ -58,19 +58,23 @@ FINGERPRINT_REPS = 15
 
 
 # --------------------------------------------------------------------------- one rank
-def _worker_cpu():
-    """CPU seconds of this process's check worker threads so far (0.0: none ran)."""
+def _worker_threads():
+    """This process's running check worker threads."""
     import threading
 
     from tpu_closure_fix.synccheck import comm
 
+    return [t for t in threading.enumerate() if t.name == comm.WORKER_THREAD and t.ident is not None]
+
+
+def _worker_cpu():
+    """CPU seconds of this process's check worker threads so far (0.0: none ran)."""
     total = 0.0
-    for thread in threading.enumerate():
-        if thread.name == comm.WORKER_THREAD and thread.ident is not None:
-            try:
-                total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
-            except (AttributeError, OSError):  # not on this platform: counted as none
-                pass
+    for thread in _worker_threads():
+        try:
+            total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except (AttributeError, OSError):  # not on this platform: counted as none
+            pass
     return total
 
 
@@ -89,16 +93,11 @@ def _worker_on_core(core):
 
 def _worker_cores():
     """The cores this process's check worker thread may run on (None: no worker, or not readable here)."""
-    import threading
-
-    from tpu_closure_fix.synccheck import comm
-
-    for thread in threading.enumerate():
-        if thread.name == comm.WORKER_THREAD and getattr(thread, "native_id", None):
-            try:
-                return sorted(os.sched_getaffinity(thread.native_id))
-            except (AttributeError, OSError):
-                return None
+    for thread in _worker_threads():
+        try:
+            return sorted(os.sched_getaffinity(thread.native_id))
+        except (AttributeError, OSError, TypeError):  # no native_id (Python < 3.8) or not on this platform
+            return None
     return None
 
 
