@@ -359,23 +359,46 @@ def info(message, rank):
 def user_location(skip=0):
     """``(filename, lineno, module)`` of the first frame on this thread outside this package, torch, wrapt, the
     frameworks and the logging machinery (``skip``: frames of the caller's own to pass first)."""
-    prefixes = tuple(library_dirs())
+    prefixes = library_dirs()
     first = frame = sys._getframe(1 + skip)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(prefixes):
+    while frame is not None and code_path(frame.f_code.co_filename).startswith(prefixes):
         frame = frame.f_back
     frame = frame or first
     return frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", "__main__")
 
 
+_library_dirs = {}  # the library modules' files -> the folders library_dirs() gives for them
+
+
 def library_dirs():
-    """The folders whose frames are not the user's: this package's and the libraries'."""
+    """The folders whose frames are not the user's, as a tuple: this package's and the libraries'. Read again
+    only when the library modules imported change (a check reads them at every step it checks)."""
     from ..sites import top_level_packages
 
-    yield os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-    for name in LIBRARY_PACKAGES + tuple(sorted(top_level_packages())):
-        path = getattr(sys.modules.get(name), "__file__", None)
-        if path:
-            yield os.path.dirname(os.path.abspath(path)) + os.sep
+    names = LIBRARY_PACKAGES + tuple(sorted(top_level_packages()))
+    files = tuple(getattr(sys.modules.get(name), "__file__", None) for name in names)
+    dirs = _library_dirs.get(files)
+    if dirs is None:
+        own = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+        dirs = _library_dirs[files] = (own,) + tuple(os.path.dirname(os.path.abspath(path)) + os.sep
+                                                     for path in files if path)
+    return dirs
+
+
+_code_paths = {}  # a code object's absolute file name -> its normalized path
+#: Absolute file names whose normalized path is kept, at most (a program runs code from a bounded set of files).
+MAX_CODE_PATHS = 4096
+
+
+def code_path(filename):
+    """``os.path.abspath(filename)``, kept for an absolute ``filename`` (its path never changes; a relative
+    one is read against the working directory of the moment, so it is not kept)."""
+    path = _code_paths.get(filename)
+    if path is None:
+        path = os.path.abspath(filename)
+        if os.path.isabs(filename) and len(_code_paths) < MAX_CODE_PATHS:
+            _code_paths[filename] = path
+    return path
 
 
 def summary(report):
