@@ -28,6 +28,7 @@ import argparse
 import importlib.util
 import os
 import sys
+import threading
 import time
 import warnings
 
@@ -983,6 +984,10 @@ def sigterm(ctx):
     time.sleep(60)  # ended by the signal before this returns
 
 
+#: The threads of this process before it made its process group.
+BEFORE_GROUP = []
+
+
 def guarded(ctx):
     """(ee) A DDP job (armed at every step by the test) whose process ends its run the way a test suite with a
     thread-leak guard does: every thread started since the job began must end or stop (``support.thread_guard``)."""
@@ -992,7 +997,7 @@ def guarded(ctx):
 
     from support.thread_guard import zombies
 
-    before = list(threading.enumerate())
+    before = list(BEFORE_GROUP)  # as a test that makes its process group (Lightning's DDP tests in rank 0's process)
     model = DistributedDataParallel(make_model(0))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(1, ctx.steps + 1):
@@ -1106,6 +1111,7 @@ def main(argv=None):
     from support import ranks
 
     torch.set_num_threads(1)
+    BEFORE_GROUP[:] = threading.enumerate()  # a guarded test's threads: the process group is made inside it
     ranks.join_gloo(args.rank, args.world, args.port, timeout=args.pg_timeout)
     _show_ours()
     ctx = Context(args)

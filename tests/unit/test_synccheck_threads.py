@@ -3,6 +3,7 @@ pytest-threadleak): a daemon thread whose ``stop()`` answers or drops the checks
 ends it; a later check starts a new one."""
 import importlib
 import threading
+import types
 
 import pytest
 
@@ -45,3 +46,34 @@ def test_a_2_rank_ddp_job_under_a_thread_guard_passes_and_checks_on_after(tmp_pa
         assert run.result["zombies"] == [], run.result
         assert run.result["last_outcome"] == "identical" and run.result["drained_after"]
         assert run.result["checks"] == 9  # steps 0 to 5, then 6 to 8 by a new worker
+
+
+def test_a_worker_readied_for_the_process_group_serves_its_first_check(monkeypatch):
+    """Started when the job made its process group (idle until the first check), the worker is the one the first
+    check is handed to: no thread starts on the training thread then. One serving an earlier group is left to
+    the first check (which releases it)."""
+    monkeypatch.setattr(worker, "_workers", {})
+    monkeypatch.setattr(worker, "_watch_sigterm", lambda: None)
+    worker.ready("group-1")
+    readied = worker._workers["process"]
+    try:
+        assert readied.thread.is_alive() and readied.group == "group-1" and readied.idle()
+        worker.ready("group-1")
+        worker.ready("group-2")
+        assert worker._workers["process"] is readied
+        handed = []
+        monkeypatch.setattr(worker.Worker, "submit", lambda self, job: handed.append(self) or True)
+        job = types.SimpleNamespace(pending=types.SimpleNamespace(channel=object()), group="group-1")
+        assert worker.submit(job) and handed == [readied]
+    finally:
+        for each in list(worker._workers.values()) + [readied]:
+            each.stop()
+
+
+def test_twin_nothing_is_readied_without_a_group_or_after_a_worker_failed(monkeypatch):
+    monkeypatch.setattr(worker, "_workers", {})
+    worker.ready(None)
+    assert worker._workers == {}
+    monkeypatch.setitem(worker._state, "failed", "RuntimeError: planted")
+    worker.ready("group-1")
+    assert worker._workers == {}

@@ -273,6 +273,105 @@ def test_the_user_calls_skip_this_package_and_pythons_library():
     assert not [name for name, _ in calls if os.path.abspath(name).startswith((stdlib, package))], calls
 
 
+def _group_made_with(monkeypatch, channel, ready=None):
+    """What ``group_made`` does with ``comm.channel()`` answering ``channel``: (groups readied, warm-ups)."""
+    from tpu_closure_fix.synccheck import fingerprint, worker
+
+    readied, warmed = [], []
+    monkeypatch.setattr(comm, "channel", lambda timeout=None: channel)
+    monkeypatch.setattr(comm, "default_group_id", lambda: "the-group")
+    monkeypatch.setattr(worker, "ready", ready or readied.append)
+    monkeypatch.setattr(fingerprint, "warm", lambda: warmed.append(True))
+    synchook.group_made()
+    return readied, warmed
+
+
+def test_a_process_group_made_while_armed_readies_the_worker_and_the_fingerprint(monkeypatch):
+    synchook.arm(5)
+    channel = comm.DistributedChannel.__new__(comm.DistributedChannel)
+    assert _group_made_with(monkeypatch, channel) == (["the-group"], [True])
+
+
+@pytest.mark.parametrize("armed,channel", [(False, "process group"), (True, None), (True, "host")],
+                         ids=["disarmed", "world-of-one", "host-channel"])
+def test_twin_no_worker_is_readied_disarmed_alone_or_on_the_host_channel(monkeypatch, armed, channel):
+    if armed:
+        synchook.arm(5)
+    made = {"process group": comm.DistributedChannel, "host": comm.HostChannel}.get(channel)
+    assert _group_made_with(monkeypatch, made.__new__(made) if made else None) == ([], [])
+
+
+def test_a_failure_while_readying_is_said_once_and_disarms_and_the_group_stands(monkeypatch):
+    synchook.arm(5)
+
+    def planted(group):
+        raise RuntimeError("planted")
+    with spoken() as seen:
+        _group_made_with(monkeypatch, comm.DistributedChannel.__new__(comm.DistributedChannel), ready=planted)
+    assert not synchook.armed_every()
+    assert len(seen) == 1 and "RuntimeError: planted" in seen[0].message and "training goes on" in seen[0].message, seen
+
+
+def test_init_process_group_tells_the_hook_once_the_group_is_made(monkeypatch, tmp_path):
+    """The wrapped ``init_process_group`` (bound under both of its names) makes the group, then tells the hook."""
+    import torch.distributed as dist
+
+    from tpu_closure_fix.synccheck import worker
+
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("torch.distributed unavailable, or a group already exists in this process")
+    worker._watch_init()
+    assert dist.distributed_c10d.init_process_group is dist.init_process_group
+    told = []
+    monkeypatch.setattr(synchook, "group_made", lambda: told.append(dist.is_initialized()))
+    assert dist.init_process_group("gloo", init_method="file://%s" % (tmp_path / "store"), rank=0,
+                                   world_size=1) is None
+    try:
+        assert told == [True]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_arming_reads_the_one_time_facts_before_any_optimizer_steps(monkeypatch):
+    """The hash module and Python's library folders are read when the hooks go in (with torch), not inside an
+    optimizer's first step, where they would hold the training thread."""
+    from tpu_closure_fix.synccheck import fingerprint
+
+    monkeypatch.setattr(synchook, "_python_dirs", [])
+    monkeypatch.setattr(fingerprint, "_xxhash", [])
+    synchook.arm(5)
+    assert synchook._python_dirs and fingerprint._xxhash
+
+
+def test_the_library_folders_are_read_again_once_a_framework_is_imported(monkeypatch, tmp_path):
+    """The folders a check skips are kept between checks, and read again when a library module appears: a
+    framework imported after the first check is still not the user's code."""
+    from tpu_closure_fix.sites import top_level_packages
+    from tpu_closure_fix.synccheck import report
+
+    name = sorted(top_level_packages())[0]
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    before = report.library_dirs()
+    assert report.library_dirs() is before  # kept while the libraries imported stay the same
+    framework = types.ModuleType(name)
+    framework.__file__ = str(tmp_path / name / "__init__.py")
+    monkeypatch.setitem(sys.modules, name, framework)
+    assert str(tmp_path / name) + os.sep in report.library_dirs()
+    assert str(tmp_path / name) + os.sep not in before
+
+
+def test_a_relative_code_path_is_read_against_the_working_directory_of_the_moment(monkeypatch, tmp_path):
+    from tpu_closure_fix.synccheck import report
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    assert report.code_path("train.py") == str(tmp_path / "a" / "train.py")
+    monkeypatch.chdir(tmp_path / "b")
+    assert report.code_path("train.py") == str(tmp_path / "b" / "train.py")
+    assert report.code_path(str(tmp_path / "a" / ".." / "c.py")) == str(tmp_path / "c.py")
+
+
 def test_unset_no_step_is_counted(checks):
     optimizer = sgd()
     for _ in range(6):

@@ -118,7 +118,10 @@ def _register(module):
     from . import fingerprint, worker
 
     worker.watch_destroy()  # before the script's own ``from torch.distributed import destroy_process_group``
-    fingerprint.xxhash_module()  # imported now, with torch, not inside an optimizer's first step (about 1 ms)
+    # read now, with torch, not inside an optimizer's first step: the hash module (about 1 ms to import) and
+    # Python's library folders (about 0.3 ms), which every new optimizer's name reads
+    fingerprint.xxhash_module()
+    _python_library_dirs()
 
 
 def disarm():
@@ -188,6 +191,26 @@ def _guarded(fn, optimizer):
                             "training goes on." % (type(exc).__name__, exc))
 
 
+def group_made():
+    """The job made its default process group: when armed, ready the check before the first optimizer step (the
+    worker's thread started, :func:`.worker.ready`; the fingerprint's first-call costs paid on a small tensor,
+    :func:`.fingerprint.warm`), so the first check holds the training thread about as long as a later one. Nothing
+    is communicated. A failure here is said once and disarms, as any failure of the hook does."""
+    if not _armed["every"]:
+        return
+    try:
+        from . import fingerprint, worker
+
+        if not isinstance(comm.channel(), comm.DistributedChannel):  # a world of one, or the host channel's
+            return  # replicas (each its own worker, on its own thread): nothing to start for the process group
+        worker.ready(comm.default_group_id())
+        fingerprint.warm()
+    except Exception as exc:  # never break training: say it once, disarm
+        disarm()
+        _say_once("failed", "tpu-closure-fix: the zero-code sync check failed (%s: %s) and is now off; "
+                            "training goes on." % (type(exc).__name__, exc))
+
+
 def _first_check(optimizer):
     with _lock:
         stream, steps = _entry(optimizer)
@@ -234,11 +257,11 @@ MAX_CALLS = 32
 def _user_calls():
     """``((filename, line), ...)`` of the frames on the training thread now that are the user's: outside torch,
     the frameworks, this package and Python's own library (whose lines are the same on every rank anyway)."""
-    skipped = tuple(reports.library_dirs()) + _python_library_dirs()
+    skipped = reports.library_dirs() + _python_library_dirs()
     calls, frame = [], sys._getframe(1)
     while frame is not None and len(calls) < MAX_CALLS:
         filename = frame.f_code.co_filename
-        if not os.path.abspath(filename).startswith(skipped):
+        if not reports.code_path(filename).startswith(skipped):
             calls.append((filename, frame.f_lineno))
         frame = frame.f_back
     return tuple(calls)
