@@ -117,7 +117,7 @@ def _register(module):
     _armed["handles"] = (register_pre(_before_step), register_post(_after_step))
     from . import fingerprint, worker
 
-    worker.watch_destroy()  # before the script's own ``from torch.distributed import destroy_process_group``
+    worker.watch_process_group()  # before the script's own ``from torch.distributed import init_process_group``
     # read now, with torch, not inside an optimizer's first step: the hash module (about 1 ms to import) and
     # Python's library folders (about 0.3 ms), which every new optimizer's name reads
     fingerprint.xxhash_module()

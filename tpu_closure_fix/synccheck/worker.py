@@ -888,7 +888,7 @@ def _after_fork_in_child():
 _destroy_wrapped = []
 
 
-def watch_destroy():
+def watch_process_group():
     """Wrap ``init_process_group`` and ``destroy_process_group`` as soon as ``torch.distributed`` is imported (now,
     if it is): called when the check is armed, so a script's ``from torch.distributed import ...``, run after
     ``import torch``, binds the wrappers."""
@@ -901,62 +901,57 @@ _init_wrapped = []
 
 
 def _watch_init():
-    """Wrap ``init_process_group`` once, in ``torch.distributed`` and in ``distributed_c10d``: once the job's
-    default process group is made, the zero-code hook readies the check (:func:`.hook.group_made`: this worker
-    started, the fingerprint's first-call costs paid), before the first optimizer step."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or _init_wrapped:
-        return
-    original = getattr(dist, "init_process_group", None)
-    if original is None:
-        return
-    _init_wrapped.append(original)
-
-    def init_process_group(*args, **kwargs):
-        result = original(*args, **kwargs)
-        hook = sys.modules.get(__package__ + ".hook")
-        if hook is not None:
-            hook.group_made()  # never raises: a failure there is said once and leaves the job as it is
-        return result
-
-    init_process_group.__wrapped__ = original
-    init_process_group.__doc__ = original.__doc__
-    dist.init_process_group = init_process_group
-    c10d = getattr(dist, "distributed_c10d", None)
-    if getattr(c10d, "init_process_group", None) is original:
-        c10d.init_process_group = init_process_group
+    """Wrap ``init_process_group`` once: once the job's default process group is made, the zero-code hook readies
+    the check (:func:`.hook.group_made`: this worker started, the fingerprint's first-call costs paid), before the
+    first optimizer step."""
+    def wrapper(dist, original):
+        def init_process_group(*args, **kwargs):
+            result = original(*args, **kwargs)
+            hook = sys.modules.get(__package__ + ".hook")
+            if hook is not None:
+                hook.group_made()  # never raises: a failure there is said once and leaves the job as it is
+            return result
+        return init_process_group
+    _wrap_once("init_process_group", _init_wrapped, wrapper)
 
 
 def _watch_destroy():
-    """Wrap ``destroy_process_group`` once, in ``torch.distributed`` and in ``distributed_c10d`` (where it is
-    defined: every name it goes by is one of these two): destroying the default group releases the check's
-    worker and group first (called with the worker's lock held)."""
+    """Wrap ``destroy_process_group`` once: destroying the default group releases the check's worker and group
+    first (called with the worker's lock held)."""
+    def wrapper(dist, original):
+        def destroy_process_group(group=None, *args, **kwargs):
+            default = group is None or group is _default_group(dist)
+            if default:
+                try:
+                    release()
+                except Exception:
+                    pass
+            result = original(group, *args, **kwargs)
+            if default:
+                _end_of_job("destroy")  # a divergence to raise that the job ended before: raised here
+            return result
+        return destroy_process_group
+    _wrap_once("destroy_process_group", _destroy_wrapped, wrapper)
+
+
+def _wrap_once(name, wrapped, wrapper):
+    """Put ``wrapper(dist, original)`` in place of ``torch.distributed``'s function ``name``, once (``wrapped``
+    keeps the original), under both names it goes by: ``torch.distributed``'s and ``distributed_c10d``'s, where
+    it is defined."""
     dist = sys.modules.get("torch.distributed")
-    if dist is None or _destroy_wrapped:
+    if dist is None or wrapped:
         return
-    original = getattr(dist, "destroy_process_group", None)
+    original = getattr(dist, name, None)
     if original is None:
         return
-    _destroy_wrapped.append(original)
-
-    def destroy_process_group(group=None, *args, **kwargs):
-        default = group is None or group is _default_group(dist)
-        if default:
-            try:
-                release()
-            except Exception:
-                pass
-        result = original(group, *args, **kwargs)
-        if default:
-            _end_of_job("destroy")  # a divergence to raise that the job ended before: raised here
-        return result
-
-    destroy_process_group.__wrapped__ = original
-    destroy_process_group.__doc__ = original.__doc__
-    dist.destroy_process_group = destroy_process_group
+    wrapped.append(original)
+    replacement = wrapper(dist, original)
+    replacement.__wrapped__ = original
+    replacement.__doc__ = original.__doc__
+    setattr(dist, name, replacement)
     c10d = getattr(dist, "distributed_c10d", None)
-    if getattr(c10d, "destroy_process_group", None) is original:
-        c10d.destroy_process_group = destroy_process_group
+    if getattr(c10d, name, None) is original:
+        setattr(c10d, name, replacement)
 
 
 def _default_group(dist):
