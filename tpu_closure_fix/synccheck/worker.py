@@ -135,9 +135,9 @@ def refusal(waiting, total, quota=None, bound=None, now=None):
     A stream whose oldest check arrived and still waits for ranks (:data:`UNREACHED`: a probe optimizer
     stepped on some ranks only) is refused at its own ``quota`` once that check waited :data:`GRACE` seconds
     (ranks with no collective between their steps may run a few checks apart), or at once when it holds half
-    the ``bound``: its stuck checks never take more than half the room. A stream whose checks are all reached is held only by the memory ``bound`` (:data:`BEHIND`: checks
-    come faster than the ranks exchange them): a backlog while the first exchange makes the check's gloo
-    group must not stand it down."""
+    the ``bound``: its stuck checks never take more than half the room. A stream whose checks are all reached is
+    held only by the memory ``bound`` (:data:`BEHIND`: checks come faster than the ranks exchange them): a backlog
+    while the first exchange makes the check's gloo group must not stand it down."""
     quota = MAX_PENDING_PER_STREAM if quota is None else quota
     bound = MAX_PENDING if bound is None else bound
     oldest = waiting[0] if waiting else None
@@ -679,9 +679,14 @@ def submit(job):
     scope = getattr(job.pending.channel, "worker_scope", "process")
     with _lock:
         worker = _workers.get(scope)
-        if worker is None or worker.pid != os.getpid() or worker.stopping:
+        if not _serving(worker):
             worker = _start(scope, job.group)
     return worker.submit(job)
+
+
+def _serving(worker):
+    """Whether ``worker`` takes checks in this process: one made here (none inherited through a fork), not stopping."""
+    return worker is not None and worker.pid == os.getpid() and not worker.stopping
 
 
 def _start(scope, group):
@@ -700,8 +705,7 @@ def ready(group):
     if _state["failed"] is not None or group is None:
         return
     with _lock:
-        worker = _workers.get("process")
-        if worker is None or worker.pid != os.getpid() or worker.stopping:
+        if not _serving(_workers.get("process")):
             _start("process", group)
 
 
