@@ -57,7 +57,8 @@ NOT_INSTALLED = "not installed"
 NOT_IMPORTED = "not imported yet"
 ABSENT = "not in this release"
 DISABLED = "disabled"
-GUARDED = "guarded"  # the site's fix is not in place (skipped or failed), but its buggy call goes through a patched guard
+# the site's fix is not in place (skipped or failed), but its buggy call goes through a patched guard
+GUARDED = "guarded"
 SKIPPED = "skipped"
 FAILED = "failed"
 PATCHABLE = "patchable"  # internal: guards passed, not patched yet

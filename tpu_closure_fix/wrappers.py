@@ -151,7 +151,8 @@ class FunctionWrapper(_ByReference, wrapt.FunctionWrapper):
 
 
 def module_function_wrapper(function, wrapper):
-    """A plain function to put in place of the module-level ``function``: calls ``wrapper(function, None, args, kwargs)``.
+    """A plain function to put in place of the module-level ``function``: calls
+    ``wrapper(function, None, args, kwargs)``.
 
     Why not a ``FunctionWrapper``: on every call of an unbound wrapper around a
     plain function, wrapt looks up the function's ``__self__`` (an AttributeError

@@ -345,8 +345,8 @@ class Layout(object):
     the same model); ``spans[k]``: the first lane of tensor ``k``'s pattern and how many lanes it has;
     ``entries``: ``(position, slot, local tensor)`` of the tensors this rank holds; ``not_compared``:
     ``(name, reason)``; ``undecided``: the positions compared over the world by default only (rule 7: each
-    decided at its own first look, :mod:`.decisions`). ``declared``, ``ddp``: see :func:`placement`; ``world``: the world
-    size (default: torch.distributed's, read only when a rule needs it). Lane ``l`` owns slots
+    decided at its own first look, :mod:`.decisions`). ``declared``, ``ddp``: see :func:`placement`; ``world``:
+    the world size (default: torch.distributed's, read only when a rule needs it). Lane ``l`` owns slots
     ``[l * width, (l + 1) * width)``; tensor ``k`` in lane ``l`` goes to slot ``l * width + k % width``.
     """
 
