@@ -932,20 +932,38 @@ def muted(ctx):
 def repeat(ctx):
     """(bb) ``--steps`` steps of about 5 ms each without the gradient all-reduce (``--variant reduce``: with it),
     the zero-code check armed at every step by the test: one stream, a divergence at every check. Each step
-    all-reduces its loss for logging, as a real job's ranks meet at every step."""
+    all-reduces its loss for logging, as a real job's ranks meet at every step. ``lag`` in the variant: rank 1's
+    worker pauses 1.5 s before it counts in its first check (a worker on a loaded host)."""
     import torch
     import torch.distributed as dist
 
+    if "lag" in ctx.variant and ctx.rank == 1:
+        _lag_first_arrival(1.5)
     model = make_model(0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(1, ctx.steps + 1):
-        train_step(model, optimizer, *batch(ctx.rank, step), reduce=ctx.variant == "reduce", world=ctx.world)
+        train_step(model, optimizer, *batch(ctx.rank, step), reduce="reduce" in ctx.variant, world=ctx.world)
         dist.all_reduce(torch.ones(1))
         time.sleep(0.005)
     ctx.result["drained_in_loop"] = _drain(ctx.drain)
     hook = sys.modules["tpu_closure_fix.synccheck.hook"]
     stream = hook._counts[id(optimizer)][0]
     ctx.result["stood_down"], ctx.result["checks"] = stream.stood_down, stream.checks
+
+
+def _lag_first_arrival(seconds):
+    """This rank's check worker sleeps ``seconds`` before it counts in its first check."""
+    from tpu_closure_fix.synccheck import worker
+
+    original, lagged = worker.Worker._arrive, []
+
+    def _arrive(self, job):
+        if not lagged:
+            lagged.append(job)
+            time.sleep(seconds)
+        return original(self, job)
+
+    worker.Worker._arrive = _arrive
 
 
 def ends_first(ctx):

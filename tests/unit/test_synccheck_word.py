@@ -234,6 +234,21 @@ def test_twin_the_same_job_in_sync_at_every_check_for_1000_steps_keeps_up_in_sil
 
 
 @needs_step_hooks
+@pytest.mark.parametrize("variant", ["reduce-lag", "lag"])
+def test_a_rank_whose_worker_lags_1_5_s_at_a_check_every_step_stands_nothing_down(tmp_path, variant):
+    """Rank 1's worker counts in its first check 1.5 s late (a loaded host) while both ranks train on at a check
+    every step (some 150 checks meanwhile): no stream stands down, every check is answered -- silently when the
+    ranks agree, and (its twin) with the divergence said when they do not."""
+    runs = ranks.run_ranks("repeat", 2, tmp_path, env={SYNC: "1"}, args=["--steps", "300", "--variant", variant],
+                           timeout=300)
+    ranks.assert_all_ok(runs)
+    for run in runs:
+        assert not [m for m in run.messages if "stands down" in m], run.messages
+        assert run.result["stood_down"] is None and run.result["checks"] == 301, run.result
+    assert runs[1].messages == [] and (runs[0].messages == []) is (variant == "reduce-lag"), runs[0].messages[:2]
+
+
+@needs_step_hooks
 @pytest.mark.parametrize("variant, said", [("diverge", True), ("", False)])
 def test_a_job_ended_by_sigterm_answers_its_last_check_then_ends_as_sigterm_ends_it(tmp_path, variant, said):
     """Rank 1 alone applies a different last update (a check at step 20); then each rank gets SIGTERM: the check

@@ -186,11 +186,52 @@ def test_a_check_one_rank_never_reaches_stands_down_naming_the_ranks_and_holds_n
     assert zero.events == ["A/0", "P/0"]  # A, fingerprinted after P, did not wait for P's deadline
 
 
+@pytest.mark.parametrize("rank_1_runs", [True, False])
+def test_a_probe_is_refused_at_its_quota_once_the_other_rank_went_past_it_and_a_lagging_rank_is_waited_for(
+        rank_1_runs):
+    """Rank 0 steps a probe P before the main optimizer A at 8 steps; rank 1 steps A alone. Once rank 1 reached
+    A's checks (every A answered) and rank 0's worker read P's oldest again, P's ninth check is refused. Its twin:
+    rank 1's worker never starts (a rank whose worker lags): nothing shows a rank went past P, and P's ninth check
+    is taken."""
+    import time
+
+    store, world = dist.HashStore(), ThreadWorld(2)
+    outcomes, workers = [Outcome(), Outcome()], [worker.Worker(), worker.Worker()]
+    models = _models()
+    channels = [StoreChannel(world, rank, store, 60.0) for rank in range(2)]
+    streams = [{name: compare.Stream(name) for name in "AP"} for _ in range(2)]
+    steps = worker.MAX_PENDING_PER_STREAM
+    with _stopped_after(workers):
+        workers[0].start()
+        if rank_1_runs:
+            workers[1].start()
+        for step in range(steps):
+            for rank, names in ((0, "PA"), (1, "A")):
+                for name in names:
+                    job = outcomes[rank].job(channels[rank], streams[rank][name], models[name], step, steps)
+                    assert workers[rank].submit(job)
+        probe = lambda: outcomes[0].job(channels[0], streams[0]["P"], models["P"], steps, steps)  # noqa: E731
+        if rank_1_runs:
+            _answered(outcomes, 30)  # rank 1's A checks, and so rank 0's
+            deadline, ninth = time.monotonic() + 20, probe()
+            while workers[0].submit(ninth) and time.monotonic() < deadline:
+                time.sleep(0.01)  # rank 0's worker has not read P's oldest since A was agreed: taken still
+                ninth = probe()
+            assert ninth.refused is not None and ninth.refused[0] == worker.UNREACHED, ninth.refused
+            assert ninth.refused[1].pending.barrier == "P/0"
+            assert ninth.refused[2] < worker.MAX_PENDING // 2, ninth.refused  # the quota, not the memory bound
+        else:
+            time.sleep(0.5)  # rank 0's worker counted its checks in and read P's oldest
+            ninth = probe()
+            assert workers[0].submit(ninth) and ninth.refused is None
+
+
 class _Held(object):
     """A check as the quota sees it: its stream, whether it arrived (deadline) and its vote."""
 
     def __init__(self, stream, arrived=True, decision=None, time_then=-10.0):
         self.stream_key, self.decision, self.done, self.refused = stream, decision, False, None
+        self.polled_at = None  # never read incomplete by a worker
         self.deadline = 1.0 if arrived else None
         self.time_then = time_then  # handed over 10 s before the test's "now" (0.0) unless said
 
@@ -203,30 +244,69 @@ def test_a_full_queue_takes_no_more_checks(monkeypatch):
     assert not blocked.submit(late) and late.refused[0] == worker.BEHIND
 
 
-@pytest.mark.parametrize("waiting, total, expected", [
-    (["open"] * 7, 7, None),  # under its quota and the bound: taken
-    (["open"] * 8, 8, worker.UNREACHED),  # its oldest still waits for ranks, for 10 s
-    (["new"] * 8, 8, None),  # ... for 0.5 s: ranks a few checks apart, within the grace
-    (["new"] * 8, 40, None),  # ... whatever the other streams hold
-    (["new"] * 32, 32, worker.UNREACHED),  # ... but it holds half the bound: no grace
-    (["go"] + ["open"] * 7, 8, None),  # its oldest agreed, not yet exchanged: a backlog, held by the bound only
-    (["queued"] * 8, 8, None),  # not even counted in yet: the same
-    (["go"] * 20, 64, worker.BEHIND),  # the process-wide memory bound
-    ([], 64, worker.BEHIND),
-    (["open"], 64, worker.UNREACHED)])
-def test_the_refusal_names_the_stream_over_its_quota_and_why(waiting, total, expected):
-    jobs = [_Held("s", arrived=state != "queued", decision="go" if state == "go" else None,
-                  time_then=-0.5 if state == "new" else -10.0) for state in waiting]
-    assert worker.refusal(jobs, total, quota=8, bound=64, now=0.0) == expected
+@pytest.mark.parametrize("waiting, total, skipped, expected", [
+    (["open"] * 8, 8, True, worker.UNREACHED),  # its oldest waits for a rank known to have gone past it
+    (["open"] * 7, 7, True, None),  # ... within its quota still
+    (["open"] * 8, 8, False, None),  # its oldest only waits (a rank whose worker lags): held by the bound alone
+    (["open"] * 63, 63, False, None),  # ... however many of its checks wait, up to the bound
+    (["go"] + ["open"] * 7, 8, True, None),  # its oldest agreed, not yet exchanged: a backlog, held by the bound only
+    (["queued"] * 8, 8, True, None),  # not even counted in yet: the same
+    (["go"] * 20, 64, False, worker.BEHIND),  # the process-wide memory bound
+    ([], 64, False, worker.BEHIND),
+    (["open"], 64, False, worker.UNREACHED)])
+def test_the_refusal_names_the_stream_over_its_quota_and_why(waiting, total, skipped, expected):
+    jobs = [_Held("s", arrived=state != "queued", decision="go" if state == "go" else None) for state in waiting]
+    assert worker.refusal(jobs, total, quota=8, bound=64, skipped=skipped) == expected
+
+
+class _Polled(object):
+    stream_key, time_then = "probe", 10.0
+
+    def __init__(self, polled_at):
+        self.polled_at = polled_at
+
+
+@pytest.mark.parametrize("polled_at, agreed, expected", [
+    (12.0, {"main": (11.0, 11.5)}, True),  # a later main check every rank reached, known before the last read
+    (12.0, {"main": (11.0, 12.5)}, False),  # ... known only after it: that read may predate the rank's arrival
+    (12.0, {"main": (9.0, 11.5)}, False),  # ... handed over before the probe's check: says nothing of it
+    (12.0, {"probe": (11.0, 11.5)}, False),  # a later check of its own stream: the rank reached this one too
+    (None, {"main": (11.0, 11.5)}, False),  # never read incomplete
+    (12.0, {}, False),
+    (12.0, {"probe": (11.0, 11.5), "main": (11.0, 12.0)}, True)])
+def test_a_rank_passed_a_check_by_only_when_it_reached_a_later_one_of_another_stream_first(polled_at, agreed,
+                                                                                          expected):
+    assert worker.passed_by(_Polled(polled_at), agreed) is expected
+
+
+def test_a_stream_whose_oldest_check_some_rank_skipped_is_refused_at_its_quota_at_once():
+    """The main stream's check handed over after the probe's oldest was reached by every rank, then the probe's
+    oldest was read incomplete: the probe's ninth check is refused. Its twin: the same checks with nothing known of
+    any other stream (a rank whose worker lags) are all taken."""
+    for skipped in (True, False):
+        held = worker.Worker()  # not started: what it holds stays as set here
+        now = worker.time.monotonic()
+        probes = [_Held("probe", time_then=now) for _ in range(worker.MAX_PENDING_PER_STREAM)]
+        for probe in probes:
+            assert held.submit(probe)
+        if skipped:
+            held.agreed["main"] = (now + 0.001, worker.time.monotonic())
+        probes[0].polled_at = worker.time.monotonic() + 0.001
+        over = _Held("probe", time_then=now)
+        assert held.submit(over) is not skipped
+        assert (over.refused or (None,))[0] == (worker.UNREACHED if skipped else None)
 
 
 def test_a_stuck_stream_fills_its_own_quota_and_never_the_others():
-    """Rank 0's probe checks never reach "go": its ninth is refused (UNREACHED), the main stream's checks are all
-    still taken -- a process-wide bound alone would have refused the main stream's check once 64 probe checks
-    piled up."""
+    """Rank 0's probe checks never reach "go" while rank 1 reached a later main check: the probe's ninth is refused
+    (UNREACHED), the main stream's checks are all still taken -- a process-wide bound alone would have refused the
+    main stream's check once the probe's checks filled it."""
     held = worker.Worker()  # not started: what it holds stays as set here
+    now = worker.time.monotonic()
     for _ in range(worker.MAX_PENDING_PER_STREAM):
-        assert held.submit(_Held("probe", time_then=worker.time.monotonic() - 10))
+        assert held.submit(_Held("probe", time_then=now - 10))
+    held.agreed["main"] = (now - 5, now - 4)  # a main check handed over after them, reached by every rank
+    held.streams["probe"][0].polled_at = now - 3  # then the probe's oldest read still incomplete
     over = _Held("probe")
     assert not held.submit(over) and over.refused[0] == worker.UNREACHED
     assert over.refused[1] is held.streams["probe"][0]

@@ -30,9 +30,9 @@ process group's, or the check's own without one: :class:`.comm.HostChannel`) and
    every one of them raises (:func:`raise_proposal`): each raising rank's training thread raises there.
 
 Bounds: at most :data:`MAX_PENDING` checks wait in all (a vector of about 80 kB each), and at most
-:data:`MAX_PENDING_PER_STREAM` of a stream whose oldest check some rank has not reached; a check beyond that is not
-taken and its own stream stands down with one message saying why (:func:`refusal`: its checks not reached by every
-rank, or too frequent to exchange); the other ranks' checks of that stream then stand down in turn. At interpreter
+:data:`MAX_PENDING_PER_STREAM` of a stream whose oldest check some rank is known to have skipped (:func:`passed_by`);
+a check beyond that is not taken and its own stream stands down with one message saying why (:func:`refusal`: its checks not reached by every rank, or too frequent to exchange); the other ranks'
+checks of that stream then stand down in turn. At interpreter
 exit and when the job destroys its process group the worker first answers the checks already handed over
 (:func:`finish`: at most :func:`drain_bound` seconds), then stops (with the check's gloo group at destroy); it is
 absent from a forked child. A failure inside the worker is warned once; the zero-code check then stays off and
@@ -48,15 +48,16 @@ import time
 
 from . import comm
 
-#: Checks fingerprinted and not yet exchanged, at most (each holds one vector of about 80 kB): the memory bound.
-MAX_PENDING = 64
-#: Checks of one stream (one optimizer) not yet answered while its oldest still waits for ranks, at most: a
-#: stream whose checks some rank never reaches (a probe optimizer stepped on rank 0 only) fills its own quota,
-#: never the others' room.
+#: Checks fingerprinted and not yet exchanged, at most (each holds one vector of about 80 kB: 20 MB in all): the
+#: memory bound. A rank whose worker lags (a loaded host) holds its checks here meanwhile: 256 is 1.3 s of a 5 ms
+#: step checked at every step.
+MAX_PENDING = 256
+#: Checks of one stream (one optimizer) not yet answered while its oldest still waits for ranks, at most, once some
+#: rank is known to have skipped that check (:func:`passed_by`): a stream whose checks some rank never reaches (a
+#: probe optimizer stepped on rank 0 only) fills its own quota, never the others' room. However long a check waits,
+#: that alone never cuts its stream: a rank whose worker lags (a loaded host), or ranks with no collective between
+#: their steps, run checks apart.
 MAX_PENDING_PER_STREAM = 8
-#: Seconds a stream's oldest check waits for ranks before its quota applies (while the stream holds less than
-#: half of :data:`MAX_PENDING`): ranks a few checks apart are not a stuck stream.
-GRACE = 1.0
 #: Why a stream's check is not taken: its oldest unanswered check still waits for ranks that have not reached it,
 #: or its checks come faster than the ranks exchange them.
 UNREACHED = "unreached"
@@ -109,6 +110,7 @@ class Job(object):
         self.done = False  # answered or stood down: it no longer counts against its stream's quota
         self.arrived = 0  # ranks counted in under its key at the worker's latest poll
         self.reached = None  # those ranks, once read (a check waiting longer than STUCK)
+        self.polled_at = None  # when the worker last began reading its count and found it incomplete
         #: why submit() did not take it: (UNREACHED or BEHIND, the stream's oldest check, how many checks wait)
         self.refused = None
         self.step_then = current_step() if current_step is not None else 0
@@ -128,22 +130,22 @@ def vote(arrived, size, now, deadline):
     return None
 
 
-def refusal(waiting, total, quota=None, bound=None, now=None):
+def refusal(waiting, total, quota=None, bound=None, skipped=False):
     """Why a stream's next check is not taken, or None (taken). ``waiting``: that stream's checks not yet
-    answered, oldest first; ``total``: every stream's checks waiting in the worker.
+    answered, oldest first; ``total``: every stream's checks waiting in the worker; ``skipped``: some rank is known
+    to have gone past the oldest of them without it (:func:`passed_by`).
 
     A stream whose oldest check arrived and still waits for ranks (:data:`UNREACHED`: a probe optimizer
-    stepped on some ranks only) is refused at its own ``quota`` once that check waited :data:`GRACE` seconds
-    (ranks with no collective between their steps may run a few checks apart), or at once when it holds half
-    the ``bound``: its stuck checks never take more than half the room. A stream whose checks are all reached is
-    held only by the memory ``bound`` (:data:`BEHIND`: checks come faster than the ranks exchange them): a backlog
-    while the first exchange makes the check's gloo group must not stand it down."""
+    stepped on some ranks only) is refused at its own ``quota`` when some rank skipped that check; a stream whose
+    oldest check only waits (a rank whose worker lags, ranks with no collective between their steps running checks
+    apart) is held by the memory ``bound`` alone, as is a stream whose checks are all
+    reached (:data:`BEHIND`: checks come faster than the ranks exchange them):
+    a backlog while the first exchange makes the check's gloo group must not stand it down."""
     quota = MAX_PENDING_PER_STREAM if quota is None else quota
     bound = MAX_PENDING if bound is None else bound
     oldest = waiting[0] if waiting else None
     unreached = oldest is not None and oldest.deadline is not None and oldest.decision is None
-    now = time.monotonic() if now is None else now
-    if len(waiting) >= quota and unreached and (now - oldest.time_then >= GRACE or 2 * len(waiting) >= bound):
+    if len(waiting) >= quota and unreached and skipped:
         return UNREACHED
     if total >= bound:
         return UNREACHED if unreached else BEHIND
@@ -164,6 +166,20 @@ def refusal_reason(job, every, variable):
                 % (oldest.pending.step, who, time.monotonic() - oldest.time_then))
     return ("%d checks are still being exchanged (every %d steps is more often than the ranks can exchange "
             "them); set %s higher" % (count, every, variable))
+
+
+def passed_by(oldest, agreed):
+    """Whether some rank went past check ``oldest`` without it: a check of another stream, handed over here after
+    ``oldest``, that every rank reached, known here before ``oldest`` was last read still incomplete. Each rank
+    hands its checks over in the order it fingerprinted them, and its worker counts them in in that order; a rank
+    that reached the later check had counted ``oldest`` in before, unless it never stepped that optimizer.
+    ``agreed``: stream key -> (when the latest check of that stream every rank reached was handed over here, when
+    this worker learnt it), by :func:`time.monotonic`."""
+    polled = oldest.polled_at
+    if polled is None:
+        return False
+    return any(stream != oldest.stream_key and then > oldest.time_then and known <= polled
+               for stream, (then, known) in list(agreed.items()))
 
 
 def stalled(jobs, moved, now, quiet):
@@ -263,6 +279,7 @@ class Worker(object):
         self.second = None  # (the store, its second connection) the watcher waits on
         self.signalled = False  # the watcher returned: the worker runs a round
         self.unwatched = None  # the exchange whose slot is polled, not watched (a watch of it found nothing)
+        self.agreed = {}  # stream key -> (time_then, when learnt) of its latest check every rank reached
 
     def start(self):
         self.thread.start()
@@ -275,7 +292,8 @@ class Worker(object):
             if self.stopping:
                 return False
             waiting = [each for each in self.streams.get(job.stream_key, ()) if not each.done]
-            cause = refusal(waiting, len(self.queue) + len(self.pending))
+            cause = refusal(waiting, len(self.queue) + len(self.pending),
+                            skipped=bool(waiting) and passed_by(waiting[0], self.agreed))
             if cause is not None:
                 held = len(self.queue) + len(self.pending) if cause == BEHIND else len(waiting)
                 job.refused = (cause, waiting[0] if waiting else None, held)
@@ -464,6 +482,7 @@ class Worker(object):
             channel = job.pending.channel
             try:
                 store = self._store(job)
+                polled = time.monotonic()
                 arrived = store.add(job.key + "/arrived", 0)
                 self._note_arrivals(job, store, arrived, channel.size)
                 wanted = vote(arrived, channel.size, time.monotonic(), job.deadline)
@@ -471,6 +490,7 @@ class Worker(object):
                 self._give_up(job, self._failed(job, exc))
                 continue
             if wanted is None:
+                job.polled_at = polled
                 open_streams.add(job.stream_key)
                 continue
             progressed = True
@@ -522,8 +542,13 @@ class Worker(object):
                                        broken=True))
             return True
         self.exchanges += 1
+        self._reached_by_all(job)
         self._run(job, slot)
         return True
+
+    def _reached_by_all(self, job):
+        """Note that every rank reached ``job``, exchanged now (for :func:`passed_by`)."""
+        self.agreed[job.stream_key] = (job.time_then, time.monotonic())  # a stream's checks go in order
 
     def _run(self, job, slot):
         from . import compare
