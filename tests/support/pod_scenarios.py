@@ -933,15 +933,21 @@ def repeat(ctx):
     """(bb) ``--steps`` steps of about 5 ms each without the gradient all-reduce (``--variant reduce``: with it),
     the zero-code check armed at every step by the test: one stream, a divergence at every check. Each step
     all-reduces its loss for logging, as a real job's ranks meet at every step. ``lag`` in the variant: rank 1's
-    worker pauses 1.5 s before it counts in its first check (a worker on a loaded host)."""
+    worker pauses 1.5 s before it counts in its first check (a worker on a loaded host). ``stall``: each rank's
+    training waits 0.3 s before step 2 (as in a collective, for a rank held up), and rank 1's worker hands the
+    agreed raise step over only once its training went 3 steps past the check (or 5 s passed)."""
     import torch
     import torch.distributed as dist
 
     if "lag" in ctx.variant and ctx.rank == 1:
         _lag_first_arrival(1.5)
+    if "stall" in ctx.variant and ctx.rank == 1:
+        _learn_the_raise_step_late(3)
     model = make_model(0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(1, ctx.steps + 1):
+        if "stall" in ctx.variant and step == 2:
+            time.sleep(0.3)
         train_step(model, optimizer, *batch(ctx.rank, step), reduce="reduce" in ctx.variant, world=ctx.world)
         dist.all_reduce(torch.ones(1))
         time.sleep(0.005)
@@ -964,6 +970,23 @@ def _lag_first_arrival(seconds):
         return original(self, job)
 
     worker.Worker._arrive = _arrive
+
+
+def _learn_the_raise_step_late(steps):
+    """This rank's check worker hands the agreed raise step to training only once training went ``steps`` steps
+    past the check (or 5 s passed)."""
+    from tpu_closure_fix.synccheck import worker
+
+    original = worker.Worker._agree_raise_step
+
+    def _agree_raise_step(self, job):
+        agreed = original(self, job)
+        deadline = time.monotonic() + 5
+        while job.current_step() < job.step_then + steps and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return agreed
+
+    worker.Worker._agree_raise_step = _agree_raise_step
 
 
 def ends_first(ctx):

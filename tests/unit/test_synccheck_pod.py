@@ -131,6 +131,24 @@ def test_raise_stops_every_rank_at_the_same_optimizer_step(tmp_path):
 
 
 @needs_step_hooks
+def test_raise_where_the_ranks_meet_at_every_step_and_one_learns_the_step_3_steps_late_stops_them_together(
+        tmp_path):
+    """The ranks all-reduce at every step and diverge; after the check at step 1 both trainings wait 0.3 s (the
+    raise round then sees no pace), and rank 1's worker hands the agreed step over 3 steps late: every rank still
+    raises at the same step (a rank raising at the next step would leave rank 1 in a collective no rank enters)."""
+    env = {SYNC: "10", SYNC + "_ON_DIVERGENCE": "raise"}
+    runs = ranks.run_ranks("repeat", 2, tmp_path, env=env, args=["--steps", "300", "--variant", "stall"],
+                           timeout=120)
+    for run in runs:
+        assert run.returncode == 3 and not run.timed_out, run.describe()
+        assert run.failure.startswith("ReplicaDivergenceError: SyncCheck: data-parallel replicas hold different "
+                                      "parameters between the start (identical before the first optimizer step) "
+                                      "and step 1"), run.failure
+    steps = said_module.assert_raised_together([run.failure for run in runs])
+    assert all(at == agreed for at, agreed in steps), steps  # each at the agreed step, none learnt it late
+
+
+@needs_step_hooks
 def test_raise_twin_with_the_all_reduce_runs_to_the_end(tmp_path):
     env = {SYNC: "5", SYNC + "_ON_DIVERGENCE": "raise"}
     runs = _ok(ranks.run_ranks("probe", 2, tmp_path, env=env))

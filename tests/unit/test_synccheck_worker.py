@@ -42,13 +42,14 @@ def test_the_proposal_never_puts_a_streams_later_check_before_its_older_one():
     assert worker.proposal([_Job("G/0", None, "G"), _Job("D/1", "go", "D")]) == "D/1"
 
 
-def test_the_raise_proposal_leads_by_the_ranks_own_pace():
+def test_the_raise_proposal_leads_by_the_ranks_own_pace_and_never_by_fewer_than_its_least_steps():
     # 100 steps in 1 s since the check: 0.2 s more is 20 steps, plus one
-    assert worker.raise_proposal(10, 0.0, 110, 1.0, lead=0.2) == 131
-    # no step since the check: the next one
-    assert worker.raise_proposal(7, 0.0, 7, 3.0, lead=0.2) == 8
-    # a rank whose step count went backwards (a new optimizer) proposes no less than its next step
-    assert worker.raise_proposal(9, 0.0, 3, 1.0, lead=0.2) == 4
+    assert worker.raise_proposal(10, 0.0, 110, 1.0, lead=0.2, least=16) == 131
+    # no step since the check (its training waited in a collective): still the least lead, plus one
+    assert worker.raise_proposal(7, 0.0, 7, 3.0, lead=0.2, least=16) == 24
+    assert worker.raise_proposal(7, 0.0, 7, 3.0) == 7 + worker.RAISE_LEAD_STEPS + 1
+    # a rank whose step count went backwards (a new optimizer): from its step now
+    assert worker.raise_proposal(9, 0.0, 3, 1.0, lead=0.2, least=16) == 20
 
 
 @pytest.mark.parametrize("step, raise_at, expected", [(4, 5, False), (5, 5, True), (6, 5, True), (0, 0, True),

@@ -77,6 +77,10 @@ EXIT_WAIT = 2.0
 #: Seconds of training, at each rank's own pace, between the ranks' agreement on where to raise and that step:
 #: long enough for every rank to learn the agreed step before it gets there.
 RAISE_LEAD = 0.2
+#: Steps between the agreement and the step where the ranks raise, at least: a rank whose training waited since
+#: the check (in a collective, for a rank held up on a loaded host) shows no pace, yet goes on at once; a rank past
+#: the agreed step when it learns it raises one step later than ranks that meet it in a collective every step.
+RAISE_LEAD_STEPS = 16
 #: First and longest pause between two polls of the store while checks are pending and no watcher blocks for
 #: them (:meth:`Worker._watch`): each poll takes the interpreter lock from the training thread.
 FIRST_POLL = 0.002
@@ -207,13 +211,13 @@ def proposal(jobs):
     return None
 
 
-def raise_proposal(step_then, time_then, step_now, time_now, lead=RAISE_LEAD):
+def raise_proposal(step_then, time_then, step_now, time_now, lead=RAISE_LEAD, least=RAISE_LEAD_STEPS):
     """The step this rank proposes to raise at: its step now, plus the steps it trains in ``lead`` seconds at
-    the pace it kept since the check (``step_then`` at ``time_then``), plus one. Every rank raises at the
-    largest proposal, so at a step none of them has reached when they agree on it."""
+    the pace it kept since the check (``step_then`` at ``time_then``), at least ``least``, plus one. Every rank
+    raises at the largest proposal, so at a step none of them has reached when they agree on it."""
     elapsed = max(time_now - time_then, 1e-6)
     pace = max(step_now - step_then, 0) / elapsed
-    return int(step_now) + int(math.ceil(pace * lead)) + 1
+    return int(step_now) + max(int(math.ceil(pace * lead)), least) + 1
 
 
 #: A rank that does not raise proposes this step: below any real proposal, so the largest is a raising rank's.
