@@ -31,12 +31,12 @@ process group's, or the check's own without one: :class:`.comm.HostChannel`) and
 
 Bounds: at most :data:`MAX_PENDING` checks wait in all (a vector of about 80 kB each), and at most
 :data:`MAX_PENDING_PER_STREAM` of a stream whose oldest check some rank is known to have skipped (:func:`passed_by`);
-a check beyond that is not taken and its own stream stands down with one message saying why (:func:`refusal`: its checks not reached by every rank, or too frequent to exchange); the other ranks'
-checks of that stream then stand down in turn. At interpreter
-exit and when the job destroys its process group the worker first answers the checks already handed over
-(:func:`finish`: at most :func:`drain_bound` seconds), then stops (with the check's gloo group at destroy); it is
-absent from a forked child. A failure inside the worker is warned once; the zero-code check then stays off and
-training goes on.
+a check beyond that is not taken and its own stream stands down with one message saying why (:func:`refusal`: its
+checks not reached by every rank, or too frequent to exchange); the other ranks' checks of that stream then stand
+down in turn. At interpreter exit and when the job destroys its process group the worker first answers the checks
+already handed over (:func:`finish`: at most :func:`drain_bound` seconds), then stops (with the check's gloo group
+at destroy); it is absent from a forked child. A failure inside the worker is warned once; the zero-code check then
+stays off and training goes on.
 """
 import atexit
 import collections
@@ -142,9 +142,9 @@ def refusal(waiting, total, quota=None, bound=None, skipped=False):
     A stream whose oldest check arrived and still waits for ranks (:data:`UNREACHED`: a probe optimizer
     stepped on some ranks only) is refused at its own ``quota`` when some rank skipped that check; a stream whose
     oldest check only waits (a rank whose worker lags, ranks with no collective between their steps running checks
-    apart) is held by the memory ``bound`` alone, as is a stream whose checks are all
-    reached (:data:`BEHIND`: checks come faster than the ranks exchange them):
-    a backlog while the first exchange makes the check's gloo group must not stand it down."""
+    apart) is held by the memory ``bound`` alone, as is a stream whose checks are all reached (:data:`BEHIND`:
+    checks come faster than the ranks exchange them): a backlog while the first exchange makes the check's gloo
+    group must not stand it down."""
     quota = MAX_PENDING_PER_STREAM if quota is None else quota
     bound = MAX_PENDING if bound is None else bound
     oldest = waiting[0] if waiting else None
