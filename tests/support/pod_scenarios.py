@@ -935,14 +935,15 @@ def repeat(ctx):
     all-reduces its loss for logging, as a real job's ranks meet at every step. ``lag`` in the variant: rank 1's
     worker pauses 1.5 s before it counts in its first check (a worker on a loaded host). ``stall``: each rank's
     training waits 0.3 s before step 2 (as in a collective, for a rank held up), and rank 1's worker hands the
-    agreed raise step over only once its training went 3 steps past the check (or 5 s passed)."""
+    agreed raise step over only once its training went 3 steps past the check (or 5 s passed); ``stall-late``: only
+    once its training went past the agreed step itself (or 5 s passed)."""
     import torch
     import torch.distributed as dist
 
     if "lag" in ctx.variant and ctx.rank == 1:
         _lag_first_arrival(1.5)
     if "stall" in ctx.variant and ctx.rank == 1:
-        _learn_the_raise_step_late(3)
+        _learn_the_raise_step_late(None if "late" in ctx.variant else 3)
     model = make_model(0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(1, ctx.steps + 1):
@@ -974,7 +975,7 @@ def _lag_first_arrival(seconds):
 
 def _learn_the_raise_step_late(steps):
     """This rank's check worker hands the agreed raise step to training only once training went ``steps`` steps
-    past the check (or 5 s passed)."""
+    past the check (None: past the agreed step itself), or 5 s passed."""
     from tpu_closure_fix.synccheck import worker
 
     original = worker.Worker._agree_raise_step
@@ -982,7 +983,9 @@ def _learn_the_raise_step_late(steps):
     def _agree_raise_step(self, job):
         agreed = original(self, job)
         deadline = time.monotonic() + 5
-        while job.current_step() < job.step_then + steps and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
+            if job.pending.stream.passed >= agreed if steps is None else job.current_step() >= job.step_then + steps:
+                break
             time.sleep(0.001)
         return agreed
 

@@ -146,6 +146,29 @@ def test_raise_where_the_ranks_meet_at_every_step_and_one_learns_the_step_3_step
                                       "and step 1"), run.failure
     steps = said_module.assert_raised_together([run.failure for run in runs])
     assert all(at == agreed for at, agreed in steps), steps  # each at the agreed step, none learnt it late
+    assert not [m for run in runs for m in run.messages if LEARNT_LATE in m]
+
+
+#: What a rank says when it learnt the agreed raise step only after its training passed it.
+LEARNT_LATE = "learnt the optimizer step every rank raises at"
+
+
+@needs_step_hooks
+def test_a_rank_that_learns_the_raise_step_after_passing_it_says_so_before_it_waits(tmp_path):
+    """As above, but rank 1's worker hands the agreed step over only once rank 1's training went past it: rank 0
+    raises there and leaves; rank 1, in that step's all-reduce no rank enters any more, has said why first (its
+    twin, 3 steps late, says nothing of it)."""
+    env = {SYNC: "10", SYNC + "_ON_DIVERGENCE": "raise"}
+    runs = ranks.run_ranks("repeat", 2, tmp_path, env=env, args=["--steps", "300", "--variant", "stall-late"],
+                           timeout=120)
+    zero, one = runs
+    assert zero.returncode == 3 and "Raised at optimizer step" in zero.failure, zero.describe()
+    agreed = int(re.search(r"Raised at optimizer step (\d+), the step every rank agreed on", zero.failure).group(1))
+    late = [m for m in one.messages if LEARNT_LATE in m]
+    assert late == ["tpu-closure-fix: rank 1 %s (%d) when its training had passed it (at step %d): it raises at its "
+                    "next step. Ranks that raised at step %d no longer enter collectives with it: if it waits in one, "
+                    "that is why." % (LEARNT_LATE, agreed, agreed, agreed)], one.describe()
+    assert zero.messages and not [m for m in zero.messages if LEARNT_LATE in m]
 
 
 @needs_step_hooks

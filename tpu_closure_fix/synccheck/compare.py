@@ -45,6 +45,9 @@ class Stream(object):
         #: the ranks agreed once whether any of them raises on this stream's divergence (each rank's action is
         #: read once, so one raise-step all-reduce per stream answers it for every later divergence)
         self.raise_settled = False
+        #: the latest optimizer step the training thread went past without raising (the zero-code hook's
+        #: :func:`.hook._raise_if_due`): a raise step agreed at or before it was learnt too late
+        self.passed = 0
         #: what the stream's latest full divergence report said, for :func:`.report.repeat_of`
         self.said = None
         #: ({listed name: module path}, {holding modules' classes}) of the zero-code check's optimizer, or None

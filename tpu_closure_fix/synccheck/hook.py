@@ -380,6 +380,8 @@ def _check_off_thread(optimizer, stream, step, channel):
         _unraised[id(stream)] = (error, channel.rank, report, raise_at)
         _counted(report)
         reports.agreed_raise(report, raise_at, channel.rank, where, held)  # said now: training may end before
+        if stream.passed >= raise_at:  # its training read no raise at that step: it raises at its next one
+            reports.learnt_late(raise_at, stream.passed, channel.rank, where)
 
     def stand_down(exc):
         try:
@@ -423,13 +425,15 @@ def _raise_if_due(stream, step):
     from . import worker
 
     error = getattr(stream, "raising", None)
-    if error is not None and worker.due_to_raise(step, stream.raise_at):
-        stream.raising = None
-        stream.stood_down = "raised"
-        _unraised.pop(id(stream), None)
-        if step != stream.raise_at and isinstance(error, ReplicaDivergenceError) and error.report is not None:
-            error.args = (raised_words(error.report, stream.raise_at, step),)  # learnt late: the step it is raised at
-        raise error
+    if error is None or not worker.due_to_raise(step, stream.raise_at):
+        stream.passed = step  # written after reading ``raising``: the worker reads it after writing ``raising``
+        return
+    stream.raising = None
+    stream.stood_down = "raised"
+    _unraised.pop(id(stream), None)
+    if step != stream.raise_at and isinstance(error, ReplicaDivergenceError) and error.report is not None:
+        error.args = (raised_words(error.report, stream.raise_at, step),)  # learnt late: the step it is raised at
+    raise error
 
 
 def raised_words(report, agreed, step):

@@ -472,6 +472,15 @@ def agreed_raise(report, raise_at, rank, where=None, held=None):
         where, speaker=rank == 0)
 
 
+def learnt_late(raise_at, passed, rank, where=None):
+    """This rank learnt the step every rank raises at (``raise_at``) after its training went past it (up to
+    ``passed``): said by this rank whatever its number, as it alone knows it, and before it raises at its next step
+    -- ranks that raised no longer enter the collectives it may wait in meanwhile."""
+    say("tpu-closure-fix: rank %d learnt the optimizer step every rank raises at (%d) when its training had passed "
+        "it (at step %d): it raises at its next step. Ranks that raised at step %d no longer enter collectives with "
+        "it: if it waits in one, that is why." % (rank, raise_at, passed, raise_at), where, speaker=True)
+
+
 def act(report, on_divergence, rank=0, where=None, stream=None, held=None):
     """What a check does with its report: the info line (rank 0); a set-aside note once; on divergence rank 0
     says it (the others log at debug level; the same divergence again: :func:`repeat_of`), every rank raises
