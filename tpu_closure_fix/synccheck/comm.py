@@ -29,6 +29,7 @@ Picked at each check from the process's environment alone:
   check one replica skips stands down instead of hanging the device.
 * Otherwise (one process, world size 1): no channel; a check does nothing.
 """
+import functools
 import os
 import struct
 import sys
@@ -219,11 +220,18 @@ def blocking_wait_safe(version=None):
     if version is None:
         torch = sys.modules.get("torch")
         version = getattr(torch, "__version__", "0")
-    parts = []
-    for piece in str(version).split("+")[0].split(".")[:2]:
-        digits = "".join(c for c in piece if c.isdigit()) if piece[:1].isdigit() else ""
-        parts.append(int(digits[:4]) if digits else 0)
-    return tuple(parts) >= BLOCKING_WAIT_TORCH
+    version = str(version)
+    safe = _blocking_wait_safe.get(version)
+    if safe is None:  # read once per version string: the worker asks at every round
+        parts = []
+        for piece in version.split("+")[0].split(".")[:2]:
+            digits = "".join(c for c in piece if c.isdigit()) if piece[:1].isdigit() else ""
+            parts.append(int(digits[:4]) if digits else 0)
+        safe = _blocking_wait_safe[version] = tuple(parts) >= BLOCKING_WAIT_TORCH
+    return safe
+
+
+_blocking_wait_safe = {}  # torch's version string -> blocking_wait_safe's answer
 
 
 def own_connection(store):
@@ -434,7 +442,8 @@ class _StoreChannel(object):
         def gather(group):
             out = [[torch.empty_like(host) for _ in range(self.size)]]
             group.allgather(out, [host]).wait()
-            return torch.stack(out[0]).amax(0)
+            rows = out[0]
+            return functools.reduce(torch.maximum, rows[1:], rows[0])  # the rows are this call's: no copy kept
         return self._run("all-reduce", gather)
 
     def all_gather(self, vector):

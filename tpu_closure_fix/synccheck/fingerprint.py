@@ -750,7 +750,8 @@ def decode(reduced, slots=SLOTS):
     v = torch.as_tensor(reduced, dtype=torch.float32).detach().cpu()
     exact, floats, scales = _layout(slots)
     high, low = v[:exact], -v[exact:floats]
-    out = {name: (float(high[j]), float(low[j])) for j, name in enumerate(HEADER)}
+    # the header read in one conversion each (read value by value it costs a tensor index each)
+    out = dict(zip(HEADER, zip(high[:len(HEADER)].tolist(), low[:len(HEADER)].tolist())))
     for f, name in enumerate(SLOT_EXACT):
         start = len(HEADER) + f * slots
         out[name] = (high[start:start + slots], low[start:start + slots])

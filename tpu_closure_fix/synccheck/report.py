@@ -368,15 +368,17 @@ def user_location(skip=0):
 
 
 _library_dirs = {}  # the library modules' files -> the folders library_dirs() gives for them
+_library_names = []  # the library modules' names, listed at the first call
 
 
 def library_dirs():
     """The folders whose frames are not the user's, as a tuple: this package's and the libraries'. Read again
     only when the library modules imported change (a check reads them at every step it checks)."""
-    from ..sites import top_level_packages
+    if not _library_names:  # the integrations' packages are the same for the process's life
+        from ..sites import top_level_packages
 
-    names = LIBRARY_PACKAGES + tuple(sorted(top_level_packages()))
-    files = tuple(getattr(sys.modules.get(name), "__file__", None) for name in names)
+        _library_names.extend(LIBRARY_PACKAGES + tuple(sorted(top_level_packages())))
+    files = tuple(getattr(sys.modules.get(name), "__file__", None) for name in _library_names)
     dirs = _library_dirs.get(files)
     if dirs is None:
         own = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
