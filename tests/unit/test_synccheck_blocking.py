@@ -165,7 +165,7 @@ def test_the_worker_of_the_last_rank_in_votes_as_it_arrives(last):
     before it leaves the check open. Twin: the rank before the last."""
     store = CountingStore()
     if last:
-        store.add(comm.KEY_PREFIX + "A/0/arrived", 1)  # the other rank came first
+        store.add(comm.KEY_PREFIX + "A/0/arrived", worker.arrival(1, 2))  # the other rank came first
     arriving = worker.Worker()
     job = _job(store, 0)
     arriving._arrive(job)

@@ -11,7 +11,7 @@ dist = pytest.importorskip("torch.distributed")
 
 from support.thread_ranks import ThreadChannel, ThreadWorld  # noqa: E402
 from tpu_closure_fix import settings  # noqa: E402
-from tpu_closure_fix.synccheck import compare, worker  # noqa: E402
+from tpu_closure_fix.synccheck import comm, compare, worker  # noqa: E402
 
 
 # --------------------------------------------------------------------------- decision lines
@@ -56,6 +56,24 @@ def test_the_raise_proposal_leads_by_the_ranks_own_pace_and_never_by_fewer_than_
                                                       (9, None, False)])
 def test_due_to_raise(step, raise_at, expected):
     assert worker.due_to_raise(step, raise_at) is expected
+
+
+@pytest.mark.parametrize("size, bound, adds, expected", [
+    (3, 62, [0, 2], (2, [0, 2])),  # each rank's bit: the sum names them
+    (62, 62, [61, 0], (2, [0, 61])),  # the highest bit at the bound
+    (63, 62, [62, 0], (2, None)),  # above the bound: each adds 1, the count alone
+    (2, 1, [1], (1, None))])
+def test_the_count_of_a_check_says_how_many_ranks_arrived_and_up_to_the_bound_which(size, bound, adds, expected):
+    value = sum(worker.arrival(rank, size, bound) for rank in adds)
+    assert worker.arrivals(value, size, bound) == expected
+    assert worker.arrivals(0, size, bound)[0] == 0
+
+
+def test_ranks_list_their_numbers_only_where_the_count_cannot_name_them():
+    appends = type("S", (), {"append": lambda self, key, value: None})()
+    assert [worker.Worker()._listed(appends, size) for size in (2, worker.MASK_RANKS, worker.MASK_RANKS + 1)] == [
+        False, False, True]
+    assert not worker.Worker()._listed(object(), worker.MASK_RANKS + 1)  # a store that cannot append: no list
 
 
 def test_ranks_named():
@@ -121,9 +139,9 @@ def _answered(outcomes, seconds):
         assert outcome.done.wait(seconds)
 
 
-def _run(orders, timeout=5.0):
+def _run(orders, timeout=5.0, store=None):
     """Each rank (a thread) fingerprints the checks named in its order and hands them to its own worker."""
-    store, world = dist.HashStore(), ThreadWorld(len(orders))
+    store, world = store or dist.HashStore(), ThreadWorld(len(orders))
     outcomes = [Outcome() for _ in orders]
     workers = [worker.Worker().start() for _ in orders]
     models = _models()
@@ -135,6 +153,45 @@ def _run(orders, timeout=5.0):
                 assert workers[rank].submit(outcomes[rank].job(channel, streams[name], models[name], 1, len(order)))
         _answered(outcomes, 30)
     return outcomes
+
+
+class _DeletionsSeen(object):
+    """The store of :func:`_run`, noting which worker thread deleted each key (everything else passes through)."""
+
+    def __init__(self, store):
+        self.store, self.deleted = store, []
+
+    def delete_key(self, key):
+        self.deleted.append((threading.current_thread(), key))
+        return self.store.delete_key(key)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+#: The two ways ranks count themselves in: the count names the ranks (each adds its bit), and above the
+#: bound (here made 1 rank) each adds 1 and lists its number besides (a key more per check).
+COUNT_FORMS = [pytest.param(worker.MASK_RANKS, id="count-names-ranks"), pytest.param(1, id="count-and-list")]
+
+
+@pytest.mark.parametrize("mask_ranks", COUNT_FORMS)
+def test_each_exchanged_checks_keys_leave_the_store_deleted_by_the_ranks_in_turn(monkeypatch, mask_ranks):
+    """Four checks of one stream on two ranks: every key the agreement wrote is gone once they are answered; the
+    first and third exchanges' keys are rank 0's to delete, the second and fourth rank 1's (one rank each)."""
+    monkeypatch.setattr(worker, "MASK_RANKS", mask_ranks)
+    listed = mask_ranks < 2 and hasattr(dist.HashStore(), "append")
+    store = _DeletionsSeen(dist.HashStore())
+    outcomes = _run([["A"] * 4, ["A"] * 4], store=store)
+    assert [sorted(o.reports) for o in outcomes] == [["A/0", "A/1", "A/2", "A/3"]] * 2
+    assert store.num_keys() == 0
+    by_check = {}
+    for thread, key in store.deleted:
+        by_check.setdefault(key.split("/exchange/")[-1] if "/exchange/" in key else key.rsplit("/", 1)[0],
+                            set()).add(thread)
+    assert len(store.deleted) == 4 * (4 if listed else 3) and all(len(threads) == 1 for threads in by_check.values())
+    deleters = [by_check[comm.KEY_PREFIX + "A/%d" % n].pop() for n in range(4)]
+    assert [by_check[str(n)].pop() for n in range(4)] == deleters  # the exchange's slot: the same rank's
+    assert deleters[0] is deleters[2] and deleters[1] is deleters[3] and deleters[0] is not deleters[1]
 
 
 def test_checks_fingerprinted_in_opposite_orders_are_exchanged_alike():
@@ -174,14 +231,17 @@ def test_a_streams_checks_are_exchanged_in_order_when_a_later_one_is_agreed_firs
         assert [outcome.reports[k].first_check for k in ("A/0", "A/1")] == [True, False]
 
 
-def test_a_check_one_rank_never_reaches_stands_down_naming_the_ranks_and_holds_no_other():
+@pytest.mark.parametrize("mask_ranks", COUNT_FORMS)
+def test_a_check_one_rank_never_reaches_stands_down_naming_the_ranks_and_holds_no_other(monkeypatch, mask_ranks):
     """Rank 0 alone has check P (a probe); the check A both have is answered before P's deadline."""
+    monkeypatch.setattr(worker, "MASK_RANKS", mask_ranks)
     # P's deadline leaves A room even on a loaded machine: A's answer coming first is what shows no wait
     outcomes = _run([["P", "A"], ["A"]], timeout=8)
     zero, one = outcomes
     assert zero.reports["A/0"].outcome == one.reports["A/0"].outcome == "identical"
-    # torch's stores without append() (before 2.x) cannot list who arrived: the message says less
-    who = "rank 0 reached it, rank 1 did not" if hasattr(dist.HashStore(), "append") else "not every rank reached it"
+    # listed: torch's stores without append() (before 2.x) cannot list who arrived, the message says less
+    named = mask_ranks >= 2 or hasattr(dist.HashStore(), "append")
+    who = "rank 0 reached it, rank 1 did not" if named else "not every rank reached it"
     assert zero.stood_down == {"P/0": who + " within 8s (an optimizer stepped on some ranks only, ranks out of "
                                             "step, or a rank gone)"}
     assert zero.events == ["A/0", "P/0"]  # A, fingerprinted after P, did not wait for P's deadline
@@ -342,6 +402,19 @@ class _CountingStore(object):
     def add(self, key, amount):
         self.polls[key.rsplit("/", 2)[-2]] += 1
         return self.arrived[key.rsplit("/", 2)[-2]]
+
+
+@pytest.mark.parametrize("waited, expected", [(10.0, [0, 2]), (0.0, None)])
+def test_a_check_waiting_long_knows_which_ranks_reached_it_from_its_count_alone(waited, expected):
+    """Ranks 0 and 2 of 3 counted in: once the check waited past STUCK the worker knows them (no other read: the
+    store here has nothing else); a check answered sooner keeps only the count."""
+    channel = type("C", (), {"size": 3, "rank": 0})()
+    job = worker.Job(compare.Pending(channel, compare.Stream("P"), 1, "P/0", None, None, None),
+                     lambda *a: None, lambda *a: None)
+    job.time_then = worker.time.monotonic() - waited
+    value = worker.arrival(0, 3) + worker.arrival(2, 3)
+    assert worker.Worker()._note_arrivals(job, object(), value, 3) == 2
+    assert (job.arrived, job.reached) == (2, expected)
 
 
 def test_a_stream_is_polled_oldest_first_and_no_further_than_its_first_open_check():

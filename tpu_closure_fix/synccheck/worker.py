@@ -7,8 +7,8 @@ when the job makes that group (:func:`ready`; idle until the first check), one p
 torch_xla's replicas are threads of one process, started at its first check) alone uses the check's store (the
 process group's, or the check's own without one: :class:`.comm.HostChannel`) and the check's own gloo group:
 
-1. **Arrive.** It counts the check in under the check's key (the stream and its check number) and notes its
-   rank there.
+1. **Arrive.** It counts the check in under the check's key (the stream and its check number), in one store
+   round trip that also says which ranks arrived (:func:`arrival`).
 2. **Agree.** The rank whose count completes a check votes it "go" as it arrives; the others read the next
    exchange's slot first (a check proposed there is one every rank reached), then the pending checks' counts,
    each stream's oldest first, pausing longer after each round that moved nothing. One still incomplete after
@@ -65,6 +65,10 @@ BEHIND = "behind"
 #: Seconds a check waits for its ranks before the worker reads which ranks reached it (for the words of a
 #: refusal): a check answered sooner costs no such read.
 STUCK = 0.05
+#: Up to this many ranks a rank counts itself in to a check by adding its own bit, ``1 << rank``, to the check's
+#: count: the sum read back is the set of ranks that arrived (a store's counter holds 63 bits and a sign). Above
+#: it a rank adds 1 and appends its number to a list of the check's, read only when the check waits long.
+MASK_RANKS = 62
 #: Seconds the process waits, at exit or when the process group is destroyed, for the worker to finish the
 #: checks already handed over (never longer than the agreement's timeout): the job's last checks are answered.
 EXIT_DRAIN = 10.0
@@ -251,6 +255,21 @@ def raise_step(raising, agreed):
 def due_to_raise(step, raise_at):
     """Whether the training thread raises the pending divergence at optimizer step ``step``."""
     return raise_at is not None and step >= raise_at
+
+
+def arrival(rank, size, bound=None):
+    """What rank ``rank`` of ``size`` adds to a check's count to count itself in: its own bit (every rank's sum
+    then names the ranks that arrived) up to ``bound`` (default :data:`MASK_RANKS`) ranks, else 1."""
+    return 1 << rank if size <= (MASK_RANKS if bound is None else bound) else 1
+
+
+def arrivals(value, size, bound=None):
+    """``(how many ranks arrived, which ranks, or None where the count does not say)`` from a check's count
+    ``value``, summed from every arrived rank's :func:`arrival`."""
+    if size > (MASK_RANKS if bound is None else bound):
+        return value, None
+    ranks = [rank for rank in range(size) if value >> rank & 1]
+    return len(ranks), ranks
 
 
 def ranks_named(reached, size):
@@ -447,13 +466,19 @@ class Worker(object):
         """The StoodDown of a store that failed (one the channel already said stands as it is)."""
         return exc if isinstance(exc, comm.StoodDown) else job.pending.channel._failed_store(exc)
 
+    def _listed(self, store, size):
+        """Whether the ranks of a world of ``size`` also list their numbers for a check (the count cannot say
+        which ranks arrived there, :func:`arrival`), on a store that can append."""
+        return size > MASK_RANKS and hasattr(store, "append")
+
     def _arrive(self, job):
         channel = job.pending.channel
         try:
             store = self._store(job)
-            if hasattr(store, "append"):
+            if self._listed(store, channel.size):
                 store.append(job.key + "/ranks", "%d," % channel.rank)
-            arrived = store.add(job.key + "/arrived", 1)
+            arrived = arrivals(store.add(job.key + "/arrived", arrival(channel.rank, channel.size)),
+                               channel.size)[0]
         except Exception as exc:
             self._give_up(job, self._failed(job, exc))
             return
@@ -487,8 +512,7 @@ class Worker(object):
             try:
                 store = self._store(job)
                 polled = time.monotonic()
-                arrived = store.add(job.key + "/arrived", 0)
-                self._note_arrivals(job, store, arrived, channel.size)
+                arrived = self._note_arrivals(job, store, store.add(job.key + "/arrived", 0), channel.size)
                 wanted = vote(arrived, channel.size, time.monotonic(), job.deadline)
             except Exception as exc:
                 self._give_up(job, self._failed(job, exc))
@@ -501,21 +525,29 @@ class Worker(object):
             self._vote(job, store, wanted)
         return progressed
 
-    def _note_arrivals(self, job, store, arrived, size):
-        """Keep what a refusal says about a check still waiting: how many ranks arrived, and which (read once
-        per new count, only after the check waited :data:`STUCK` seconds)."""
+    def _note_arrivals(self, job, store, value, size):
+        """Keep what a refusal says about a check still waiting, from its count ``value``: how many ranks arrived,
+        and which (once the check waited :data:`STUCK` seconds; where the count does not say, read from the
+        check's list once per new count). How many ranks arrived."""
+        arrived, ranks = arrivals(value, size)
         if arrived == job.arrived and job.reached is not None:
-            return
+            return arrived
         if arrived != job.arrived:
             self.moved = time.monotonic()
         job.arrived = arrived
-        if arrived >= size or time.monotonic() - job.time_then < STUCK or not hasattr(store, "append"):
-            return
+        if arrived >= size or time.monotonic() - job.time_then < STUCK:
+            return arrived
+        if ranks is not None:
+            job.reached = ranks
+            return arrived
+        if not self._listed(store, size):
+            return arrived
         try:
             job.reached = ranks_named([int(r) for r in _text(store.get(job.key + "/ranks")).split(",")
                                        if r.strip().isdigit()], size)[0]
         except Exception:
             job.reached = []  # not read again: the refusal then counts the ranks
+        return arrived
 
     def _exchange_next(self):
         """Run the next exchange when some rank proposed it; True when one ran."""
@@ -569,8 +601,8 @@ class Worker(object):
             self._break(exc, job)
             return
         job.done = True
-        job.deliver(report, raise_at)  # before the store's keys go: rank 0 learns the verdict no later than the rest
-        self._forget(job, slot)
+        job.deliver(report, raise_at)  # before the store's keys go: deleting them never delays the verdict
+        self._forget(job, slot, self.exchanges - 1)
 
     def _agree_raise_step(self, job):
         """The step this rank raises at (None: it does not raise): the largest of the ranks' proposals, one
@@ -583,13 +615,17 @@ class Worker(object):
         agreed = job.pending.channel.all_reduce_max(torch.tensor([float(here)], dtype=torch.float64))
         return raise_step(job.raising, int(agreed[0]))
 
-    def _forget(self, job, slot):
-        """Rank 0 deletes an exchanged check's keys: every rank has read them (all entered its all-reduce)."""
-        if job.pending.channel.rank != 0:
+    def _forget(self, job, slot, number):
+        """One rank deletes an exchanged check's keys: every rank has read them (all entered its all-reduce).
+        Exchange ``number``'s are rank ``number mod size``'s to delete: the store's round trips a check costs are
+        shared among the ranks, not all rank 0's (which serves the store as well)."""
+        channel = job.pending.channel
+        if number % channel.size != channel.rank:
             return
         try:
             store = self._store(job)
-            for key in (job.key + "/arrived", job.key + "/decision", job.key + "/ranks", slot):
+            keys = (job.key + "/arrived", job.key + "/decision", slot)
+            for key in keys + ((job.key + "/ranks",) if self._listed(store, channel.size) else ()):
                 store.delete_key(key)
         except Exception:
             pass
@@ -600,9 +636,12 @@ class Worker(object):
         reached = []
         try:
             store = self._store(job)
-            if hasattr(store, "append"):  # else nobody wrote the list: a get would wait out the store's timeout
-                raw = store.get(job.key + "/ranks")
-                reached = [int(r) for r in _text(raw).split(",") if r.strip().isdigit()]
+            reached = arrivals(store.add(job.key + "/arrived", 0), channel.size)[1]
+            if reached is None:
+                reached = []
+                if self._listed(store, channel.size):  # else nobody wrote it: a get would wait out the timeout
+                    raw = store.get(job.key + "/ranks")
+                    reached = [int(r) for r in _text(raw).split(",") if r.strip().isdigit()]
         except Exception:
             pass
         reached, missing = ranks_named(reached, channel.size)
