@@ -2,7 +2,7 @@
 
 At a check the training thread fingerprints its parameters (:func:`.compare.prepare`: one pass, no
 communication, the result on the host) and hands the result to its worker thread; it never waits for another
-rank. The worker (at the lowest CPU priority, :data:`WORKER_NICE`; one daemon thread per rank in this process: one per process with a process group, started
+rank. The worker (:func:`batch_scheduled`: it never preempts training as it wakes; one daemon thread per rank: one per process with a process group, started
 when the job makes that group (:func:`ready`; idle until the first check), one per replica thread where
 torch_xla's replicas are threads of one process, started at its first check) alone uses the check's store (the
 process group's, or the check's own without one: :class:`.comm.HostChannel`) and the check's own gloo group:
@@ -85,11 +85,6 @@ RAISE_LEAD = 0.2
 #: the check (in a collective, for a rank held up on a loaded host) shows no pace, yet goes on at once; a rank past
 #: the agreed step when it learns it raises one step later than ranks that meet it in a collective every step.
 RAISE_LEAD_STEPS = 16
-#: The nice value of the check's worker thread and of the threads it starts (its watcher, its gloo group's), on
-#: Linux: the lowest CPU priority. Where a core is busy the training thread runs first and a check's answer waits;
-#: at the training thread's priority the worker preempted it at every reply of the store (benchmarks/
-#: synccheck_loop.py: about 0.6 ms a check more where they share a core).
-WORKER_NICE = 19
 #: First and longest pause between two polls of the store while checks are pending and no watcher blocks for
 #: them (:meth:`Worker._watch`): each poll takes the interpreter lock from the training thread.
 FIRST_POLL = 0.002
@@ -687,21 +682,26 @@ class _WorkerThread(threading.Thread):
         self._worker = worker
 
     def run(self):
-        lowest_priority()
+        batch_scheduled()
         threading.Thread.run(self)
 
     def stop(self):
         retire(self._worker)
 
 
-def lowest_priority():
-    """Give the calling thread the lowest CPU priority (:data:`WORKER_NICE`); whether it now has it. Linux only:
-    there ``setpriority`` of a thread's id changes that thread alone (elsewhere the id would name a process).
-    Best effort: refused (a sandbox), the thread runs on as it was."""
-    if not sys.platform.startswith("linux") or not hasattr(threading, "get_native_id"):
+def batch_scheduled():
+    """Schedule the calling thread, and the threads it starts (its watcher, its gloo group's), as Linux's
+    ``SCHED_BATCH``: at the same priority, but a thread that wakes (a store's reply, a peer's vector) waits for the
+    running thread's time slice to end instead of preempting it. Each check wakes the worker several times; at
+    ``SCHED_OTHER`` every wake took the core from a training thread that shares it (benchmarks/synccheck_loop.py:
+    about 1 ms a check). Unlike a lower priority it keeps its fair share of a busy core: its answers come late by
+    a few slices, never starved. Whether it is now so scheduled: Linux only (there a thread's id names that thread
+    alone; elsewhere it would name a process); refused (a sandbox), the thread runs on as it was."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "SCHED_BATCH") or not hasattr(
+            threading, "get_native_id"):
         return False
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
+        os.sched_setscheduler(threading.get_native_id(), os.SCHED_BATCH, os.sched_param(0))
     except (AttributeError, OSError):
         return False
     return True
