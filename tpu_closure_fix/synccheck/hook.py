@@ -27,10 +27,11 @@ that all of them reached that check of that stream (:mod:`.comm`): an optimizer 
 rank-0 probe model) never gets a collective, its stream stands down with one warning (at the agreement's
 timeout, or sooner once its unreached checks fill its quota), and the other streams go on. The training thread
 only fingerprints (:func:`.compare.prepare`, the result copied to the host in one transfer) and goes on; the
-agreement, the exchange, the verdict and the report run on its rank's worker thread (:mod:`.worker`), over the process group's store or, on torch_xla without one, the check's own
-(:class:`.comm.HostChannel`); a divergence to raise is raised by the training thread at the optimizer step the
-ranks agreed on. A process of world size 1 only counts. Replicas that are threads of one process (torch_xla's
-PJRT on CPU, TPU v2/v3) each count and name their optimizers on their own.
+agreement, the exchange, the verdict and the report run on its rank's worker thread (:mod:`.worker`), over the
+process group's store or, on torch_xla without one, the check's own (:class:`.comm.HostChannel`); a divergence
+to raise is raised by the training thread at the optimizer step the ranks agreed on. A process of world size 1
+only counts. Replicas that are threads of one process (torch_xla's PJRT on CPU, TPU v2/v3) each count and name
+their optimizers on their own.
 
 Reports name tensors by module path (``encoder.layers.3.weight``), read at each optimizer's first check from the
 modules in reach of its step (the stack's local variables) and the DDP / FSDP modules recorded when they were made

@@ -2,10 +2,11 @@
 
 At a check the training thread fingerprints its parameters (:func:`.compare.prepare`: one pass, no
 communication, the result on the host) and hands the result to its worker thread; it never waits for another
-rank. The worker (:func:`batch_scheduled`: it never preempts training as it wakes; one daemon thread per rank: one per process with a process group, started
-when the job makes that group (:func:`ready`; idle until the first check), one per replica thread where
-torch_xla's replicas are threads of one process, started at its first check) alone uses the check's store (the
-process group's, or the check's own without one: :class:`.comm.HostChannel`) and the check's own gloo group:
+rank. The worker (:func:`batch_scheduled`: it never preempts training as it wakes; one daemon thread per rank:
+one per process with a process group, started when the job makes that group (:func:`ready`; idle until the
+first check), one per replica thread where torch_xla's replicas are threads of one process, started at its first
+check) alone uses the check's store (the process group's, or the check's own without one:
+:class:`.comm.HostChannel`) and the check's own gloo group:
 
 1. **Arrive.** It counts the check in under the check's key (the stream and its check number), in one store
    round trip that also says which ranks arrived (:func:`arrival`).
