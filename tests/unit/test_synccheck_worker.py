@@ -2,8 +2,6 @@
 in-memory store (torch's HashStore) whose workers agree, order and exchange checks the way processes do."""
 import collections
 import contextlib
-import os
-import sys
 import threading
 
 import pytest
@@ -432,28 +430,6 @@ def test_a_stream_is_polled_oldest_first_and_no_further_than_its_first_open_chec
         polling.pending[job.key] = job
     assert polling._agree() is False
     assert store.polls == {"P0": 1, "A0": 1}  # P1 and P2 wait behind P0 on every rank: not polled
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own scheduling policy: Linux only")
-def test_the_worker_thread_is_batch_scheduled_and_the_thread_that_started_it_is_not():
-    """The worker's thread (and so the threads it starts) never preempts training as it wakes; the thread that
-    started it keeps its policy. Twin: a plain thread started the same way keeps the process's policy."""
-    import time
-
-    here = os.sched_getscheduler(threading.get_native_id())
-    plain = threading.Thread(target=time.sleep, args=(1,), daemon=True)
-    plain.start()
-    running = worker.Worker().start()
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (running.thread.native_id is None or os.sched_getscheduler(
-                running.thread.native_id) != os.SCHED_BATCH):
-            time.sleep(0.01)
-        assert os.sched_getscheduler(running.thread.native_id) == os.SCHED_BATCH != here
-        assert os.sched_getscheduler(threading.get_native_id()) == here
-        assert os.sched_getscheduler(plain.native_id) == here
-    finally:
-        running.stop(5)
 
 
 def test_the_worker_stops_within_its_bound_and_leaves_no_thread():

@@ -2,11 +2,10 @@
 
 At a check the training thread fingerprints its parameters (:func:`.compare.prepare`: one pass, no
 communication, the result on the host) and hands the result to its worker thread; it never waits for another
-rank. The worker (:func:`batch_scheduled`: it never preempts training as it wakes; one daemon thread per rank:
-one per process with a process group, started when the job makes that group (:func:`ready`; idle until the
-first check), one per replica thread where torch_xla's replicas are threads of one process, started at its first
-check) alone uses the check's store (the process group's, or the check's own without one:
-:class:`.comm.HostChannel`) and the check's own gloo group:
+rank. The worker (one daemon thread per rank in this process: one per process with a process group, started
+when the job makes that group (:func:`ready`; idle until the first check), one per replica thread where
+torch_xla's replicas are threads of one process, started at its first check) alone uses the check's store (the
+process group's, or the check's own without one: :class:`.comm.HostChannel`) and the check's own gloo group:
 
 1. **Arrive.** It counts the check in under the check's key (the stream and its check number), in one store
    round trip that also says which ranks arrived (:func:`arrival`).
@@ -682,30 +681,8 @@ class _WorkerThread(threading.Thread):
         threading.Thread.__init__(self, target=worker._main, name=comm.WORKER_THREAD, daemon=True)
         self._worker = worker
 
-    def run(self):
-        batch_scheduled()
-        threading.Thread.run(self)
-
     def stop(self):
         retire(self._worker)
-
-
-def batch_scheduled():
-    """Schedule the calling thread, and the threads it starts (its watcher, its gloo group's), as Linux's
-    ``SCHED_BATCH``: at the same priority, but a thread that wakes (a store's reply, a peer's vector) waits for the
-    running thread's time slice to end instead of preempting it. Each check wakes the worker several times; at
-    ``SCHED_OTHER`` every wake took the core from a training thread that shares it (benchmarks/synccheck_loop.py:
-    about 1 ms a check). Unlike a lower priority it keeps its fair share of a busy core: its answers come late by
-    a few slices, never starved. Whether it is now so scheduled: Linux only (there a thread's id names that thread
-    alone; elsewhere it would name a process); refused (a sandbox), the thread runs on as it was."""
-    if not sys.platform.startswith("linux") or not hasattr(os, "SCHED_BATCH") or not hasattr(
-            threading, "get_native_id"):
-        return False
-    try:
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_BATCH, os.sched_param(0))
-    except (AttributeError, OSError):
-        return False
-    return True
 
 
 class _Watcher(threading.Thread):
