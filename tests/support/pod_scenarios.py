@@ -122,18 +122,27 @@ def hook_state():
 
 
 # --------------------------------------------------------------------------- scenarios
+#: Seconds a loop of ``--steps 0`` ("until it raises") trains at most.
+UNTIL_RAISED_SECONDS = 120.0
+
+
 def probe(ctx):
     """(a) A correct loop (``--variant noreduce``: no gradient all-reduce); after step 1 only rank 0 probes
-    for accelerate with importlib.util.find_spec (the start-up watcher's trigger)."""
+    for accelerate with importlib.util.find_spec (the start-up watcher's trigger). ``--steps 0``: the loop runs
+    until a step raises (at most :data:`UNTIL_RAISED_SECONDS`): how many steps a rank trains before its worker
+    answers is then the machine's load, not the test's guess."""
     import torch
 
     model = make_model(0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(1, ctx.steps + 1):
+    deadline = time.monotonic() + UNTIL_RAISED_SECONDS
+    step = 0
+    while step < ctx.steps or (ctx.steps == 0 and time.monotonic() < deadline):
+        step += 1
         train_step(model, optimizer, *batch(ctx.rank, step), reduce=ctx.variant != "noreduce", world=ctx.world)
         if step == 1 and ctx.rank == 0:
             ctx.result["probed"] = importlib.util.find_spec("accelerate") is not None
-    ctx.result["steps"] = ctx.steps
+    ctx.result["steps"] = step
 
 
 def probe_optimizer(ctx):
@@ -996,15 +1005,19 @@ def ends_first(ctx):
     """(cc) A loop without the gradient all-reduce that ends after ``--steps`` steps, before the step where the
     ranks agreed to raise (armed by the test: raise); the job then ends by ``destroy_process_group``
     (``--variant destroy``) or by the interpreter's exit (``exit``); ``reduce`` in the variant: with the
-    all-reduce."""
+    all-reduce; ``lag``: each rank's worker pauses 1 s before it counts in its first check, and the loop does not
+    wait for it (the verdict is found after the training ended, by the job's end)."""
     import torch
     import torch.distributed as dist
 
+    if "lag" in ctx.variant:
+        _lag_first_arrival(1.0)
     model = make_model(0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(1, ctx.steps + 1):
         train_step(model, optimizer, *batch(ctx.rank, step), reduce="reduce" in ctx.variant, world=ctx.world)
-    ctx.result["drained_in_loop"] = _drain(ctx.drain)  # the verdict of the check at step 1 is in
+    if "lag" not in ctx.variant:
+        ctx.result["drained_in_loop"] = _drain(ctx.drain)  # the verdict of the check at step 1 is in
     dist.barrier()
     ctx.barrier = False
     if "exit" in ctx.variant:

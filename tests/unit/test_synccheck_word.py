@@ -180,6 +180,21 @@ def test_raise_fails_a_job_that_ends_before_the_agreed_step(tmp_path, variant, c
 
 
 @needs_step_hooks
+@pytest.mark.parametrize("variant, code", [("exit,lag", 1), ("exit,lag,reduce", 0)])
+def test_raise_fails_a_job_whose_training_ends_before_its_worker_found_the_divergence(tmp_path, variant, code):
+    """As above, but each rank's worker counts in to the check at step 1 only 1 s after it was handed over, when
+    the 3-step loops have ended: the checks are answered at the interpreter's exit, the divergence found there
+    still fails the job (status 1, said once); its twin in sync ends with status 0."""
+    runs = ranks.run_ranks("ends-first", 2, tmp_path, env=dict(TO_STDERR, **dict(RAISE, **{SYNC: "5"})),
+                           args=["--steps", "3", "--variant", variant])
+    for run in runs:
+        assert run.returncode == code and not run.timed_out, run.describe()
+        assert "drained_in_loop" not in run.result and run.failure is None, run.describe()
+    said = [run.rank for run in runs if "this process exits with status 1" in run.stderr]
+    assert said == ([0] if code else []), [run.describe() for run in runs]
+
+
+@needs_step_hooks
 @pytest.mark.parametrize("variant", ["destroy,reduce", "exit,reduce"])
 def test_twin_a_job_in_sync_under_raise_ends_with_status_0(tmp_path, variant):
     runs = ranks.run_ranks("ends-first", 2, tmp_path, env=dict(TO_STDERR, **dict(RAISE, **{SYNC: "5"})),
