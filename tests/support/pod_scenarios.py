@@ -1123,6 +1123,59 @@ def ddp_recorded(ctx):
                                             "paths": (getattr(stream, "module_paths", None) or [None])[0]}
 
 
+def scheduled(ctx):
+    """(gg) 41 steps with the gradient all-reduce, a check at every step (armed by the test), the last one handed to
+    an idle worker; then the scheduling policy of each of this process's threads, by thread (the check's worker,
+    the threads its gloo group started, the job's own gloo threads, the main thread), again after the worker's
+    thread is stopped (as by a thread-leak guard) and after ``destroy_process_group``, for those still running.
+    ``behind``: the worker's bounds lowered at step 20, its group made (from then on every check held is too
+    many: it yields no more)."""
+    import torch
+    import torch.distributed as dist
+
+    from tpu_closure_fix.synccheck import worker
+
+    model = make_model(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1, 42):
+        if step == 20 and "behind" in ctx.variant:
+            worker.CATCH_UP, worker.KEPT_UP = 0, -1
+        train_step(model, optimizer, *batch(ctx.rank, step), reduce=True, world=ctx.world)
+        if step == 40:  # the last check then comes to an idle worker: what it holds is that one check
+            ctx.result["drained_in_loop"] = _drain(ctx.drain)
+    _drain(ctx.drain)
+    running = worker._workers["process"]
+    check_group = list(running.gloo or ())
+    ctx.result["check_group"] = len(check_group)
+    ctx.result["policies"] = _policies(check_group, running.thread.native_id)
+    running.thread.stop()  # as a thread-leak guard stops it: the check's group lives on for the next worker
+    ctx.result["after_stop"] = _policies(check_group, None)
+    dist.barrier()
+    ctx.barrier = False
+    dist.destroy_process_group()
+    ctx.result["after_destroy"] = _policies(check_group, None)
+
+
+def _policies(check_group, worker_tid):
+    """{thread kind: sorted policy names} of this process's threads now: ``worker``, ``check-group`` (the ids
+    given), ``gloo`` (other gloo threads: the job's), ``main``."""
+    names = {os.SCHED_OTHER: "OTHER", os.SCHED_BATCH: "BATCH"}
+    found = {}
+    for tid in (int(t) for t in os.listdir("/proc/self/task")):
+        try:
+            with open("/proc/self/task/%d/comm" % tid) as name:
+                comm = name.read().strip()
+            policy = names.get(os.sched_getscheduler(tid), "other")
+        except OSError:  # ended meanwhile
+            continue
+        kind = ("worker" if tid == worker_tid else "check-group" if tid in check_group else
+                "main" if tid == threading.main_thread().native_id else
+                "gloo" if comm in ("gloo_tcp_loop", "pt_gloo_runloop") else None)
+        if kind is not None:
+            found.setdefault(kind, []).append(policy)
+    return {kind: sorted(found[kind]) for kind in found}
+
+
 SCENARIOS = {"fabric-ddp": fabric_ddp, "trainer-ddp": trainer_ddp,
              "pipeline": pipeline, "zero": zero, "ddp-groups": ddp_groups, "fsdp2": fsdp2, "scale": scale,
              "kinds": kinds, "gan": gan, "probe": probe, "endurance": endurance, "probe-optimizer": probe_optimizer,
@@ -1131,7 +1184,8 @@ SCENARIOS = {"fabric-ddp": fabric_ddp, "trainer-ddp": trainer_ddp,
              "dtensor": dtensor, "neuron": neuron, "optimizer": optimizer, "lbfgs": lbfgs, "many": many,
              "killed": killed, "four": four, "fsdp": fsdp, "local-scale": local_scale, "epochs": epochs,
              "apart-3000": apart_3000, "plain-check-sync": plain_check_sync, "muted": muted, "repeat": repeat,
-             "ends-first": ends_first, "sigterm": sigterm, "guarded": guarded, "ddp-recorded": ddp_recorded}
+             "ends-first": ends_first, "sigterm": sigterm, "guarded": guarded, "ddp-recorded": ddp_recorded,
+             "scheduled": scheduled}
 
 
 def _drain(seconds):

@@ -9,6 +9,7 @@ tests/support/pod_scenarios.py, started by tests/support/ranks.py (one thread ea
 """
 import os
 import re
+import shutil
 import sys
 
 import pytest
@@ -690,3 +691,36 @@ def test_destroying_the_process_group_releases_the_worker_and_the_checks_group(e
         assert run.result["worker_before_destroy"] is True
         assert run.result["worker_after_destroy"] is False and run.result["check_groups_after_destroy"] == 0
         assert run.result["threads_after"] == ["MainThread"]
+
+
+# --------------------------------------------------------------------------- sharing a core with training
+CHRT_BATCH = ["chrt", "-b", "0"]  # a user's training process scheduled SCHED_BATCH from its start
+
+
+@needs_step_hooks
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not shutil.which("chrt"),
+                    reason="threads' own scheduling policies: Linux, with chrt")
+@pytest.mark.parametrize("variant, launcher, check_threads", [
+    ("", None, "BATCH"),  # keeping up: the worker and its group's threads yield
+    ("behind", None, "OTHER"),  # falling behind: they take their share as training's threads do
+    ("behind", CHRT_BATCH, "BATCH")])  # a process the user scheduled: nothing switched
+def test_the_check_yields_a_shared_core_with_its_gloo_threads_while_it_keeps_up(tmp_path, variant, launcher,
+                                                                                check_threads):
+    """2 gloo ranks, a check at every step: the worker's thread and the threads of the check's own gloo group run
+    as SCHED_BATCH while the worker keeps up; the training thread and the job's own gloo threads keep their
+    policy; once the worker is stopped (a thread-leak guard) or the group destroyed, the check's group's threads
+    still running are as they were found."""
+    runs = _ok(ranks.run_ranks("scheduled", 2, tmp_path, env={SYNC: "1"}, args=["--variant", variant],
+                               launcher=launcher))
+    job = "BATCH" if launcher else "OTHER"
+    for run in runs:
+        policies, count = run.result["policies"], run.result["check_group"]
+        if launcher:  # never switched: its group's threads are not even looked for (among "gloo" below)
+            assert count == 0, run.result
+        else:
+            assert count >= 2 and policies["check-group"] == [check_threads] * count, run.result
+        assert policies["worker"] == [check_threads], run.result
+        assert policies["main"] == [job] and set(policies["gloo"]) == {job}, run.result
+        if not launcher:  # the worker stopped, its group's threads are as it found them
+            assert run.result["after_stop"]["check-group"] == [job] * count, run.result
+        assert set(run.result["after_destroy"].get("check-group", [job])) == {job}, run.result

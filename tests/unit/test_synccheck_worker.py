@@ -2,6 +2,8 @@
 in-memory store (torch's HashStore) whose workers agree, order and exchange checks the way processes do."""
 import collections
 import contextlib
+import os
+import sys
 import threading
 
 import pytest
@@ -597,3 +599,48 @@ def test_at_the_end_a_check_no_other_rank_will_reach_is_given_up_once_nothing_mo
     worker.finish()
     assert time.monotonic() - started < 20  # well below the 30 s bound: given up, not waited out
     assert not alone.thread.is_alive() and outcome.reports == {}
+
+
+# --------------------------------------------------------------------------- sharing a core with training
+@pytest.mark.parametrize("held, yielding, expected", [
+    (worker.CATCH_UP, True, False),  # 1. falling behind: takes its share
+    (worker.CATCH_UP + 5, True, False),
+    (worker.KEPT_UP, False, True),  # 2. keeping up: yields
+    (0, False, True),
+    (worker.KEPT_UP + 1, True, True),  # 3. between the bounds: as it was, either way
+    (worker.CATCH_UP - 1, True, True),
+    (worker.KEPT_UP + 1, False, False),
+    (worker.CATCH_UP - 1, False, False)])
+def test_the_worker_yields_a_shared_core_while_it_keeps_up_and_takes_its_share_when_behind(held, yielding, expected):
+    assert worker.yields(held, yielding) is expected
+
+
+def _policy(thread):
+    return os.sched_getscheduler(thread.native_id)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own scheduling policy: Linux only")
+def test_a_worker_that_keeps_up_yields_and_one_that_falls_behind_takes_its_share(monkeypatch):
+    """Two thread-ranks exchange checks: idle, their workers have the starting thread's policy; with few checks
+    held they run as SCHED_BATCH, the test's thread and a plain thread as before; once they count themselves
+    behind (the bounds lowered: every held check is too many) they are back; a stopped worker leaves it so."""
+    here = os.sched_getscheduler(threading.get_native_id())
+    plain = threading.Thread(target=threading.Event().wait, args=(30,), daemon=True)
+    plain.start()
+    store, world = dist.HashStore(), ThreadWorld(2)
+    workers = [worker.Worker().start() for _ in range(2)]
+    models = _models()
+    policies = [[_policy(each.thread) for each in workers]]
+    with _stopped_after(workers):
+        for number in range(3):
+            if number == 2:
+                monkeypatch.setattr(worker, "CATCH_UP", 0)
+                monkeypatch.setattr(worker, "KEPT_UP", -1)
+            outcomes = [Outcome() for _ in range(2)]
+            for rank in range(2):
+                channel = StoreChannel(world, rank, store, 10)
+                assert workers[rank].submit(outcomes[rank].job(channel, compare.Stream("A"), models["A"], number, 1))
+            _answered(outcomes, 30)
+            policies.append([_policy(each.thread) for each in workers])
+        assert here == os.SCHED_OTHER and policies == [[here] * 2] + [[os.SCHED_BATCH] * 2] * 2 + [[here] * 2]
+        assert os.sched_getscheduler(threading.get_native_id()) == here and _policy(plain) == here

@@ -85,6 +85,10 @@ RAISE_LEAD = 0.2
 #: the check (in a collective, for a rank held up on a loaded host) shows no pace, yet goes on at once; a rank past
 #: the agreed step when it learns it raises one step later than ranks that meet it in a collective every step.
 RAISE_LEAD_STEPS = 16
+#: Checks the worker holds (handed over, not yet answered) from which it takes its share of a shared core at once
+#: (:func:`yields`), and at or under which it yields the core to training again.
+CATCH_UP = 8
+KEPT_UP = 2
 #: First and longest pause between two polls of the store while checks are pending and no watcher blocks for
 #: them (:meth:`Worker._watch`): each poll takes the interpreter lock from the training thread.
 FIRST_POLL = 0.002
@@ -257,6 +261,80 @@ def due_to_raise(step, raise_at):
     return raise_at is not None and step >= raise_at
 
 
+def yields(held, yielding):
+    """Whether the worker's threads yield a core they share with training (:func:`schedule`) while the worker holds
+    ``held`` checks (``yielding``: whether they yield now). Read top to bottom:
+
+    1. Not while it holds :data:`CATCH_UP` checks or more: it is falling behind, and a worker that only ever
+       yields falls behind for good on a busy core (then its stream stands down).
+    2. Yes once it holds :data:`KEPT_UP` or fewer: it keeps up; each store reply or peer's vector that wakes it
+       would otherwise preempt training.
+    3. Else as they do (between the two bounds they do not switch back and forth)."""
+    if held >= CATCH_UP:
+        return False
+    if held <= KEPT_UP:
+        return True
+    return yielding
+
+
+#: The names torch gives the threads of a gloo process group (its transport's loop, its work runners): the
+#: threads the check's own group starts, rescheduled with the worker.
+GLOO_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop")
+
+
+def schedulable():
+    """Whether the calling thread (the worker's) may switch its scheduling: Linux (where a thread's id names that
+    thread alone) and the calling thread at the default policy (``SCHED_OTHER``): a training process the user
+    scheduled otherwise (``chrt``) keeps what it has."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "SCHED_BATCH") or not hasattr(
+            threading, "get_native_id"):
+        return False
+    try:
+        return os.sched_getscheduler(0) == os.SCHED_OTHER
+    except OSError:
+        return False
+
+
+def schedule(yielding, tids=()):
+    """Schedule the calling thread and the threads ``tids`` as Linux's ``SCHED_BATCH`` (``yielding``: at the same
+    priority, but a thread that wakes waits for the running thread's time slice to end instead of preempting it)
+    or back as ``SCHED_OTHER``; threads started later inherit it. A thread that has ended meanwhile is passed
+    over. Whether it was done (refused: a sandbox; the threads run on as they were)."""
+    policy = os.SCHED_BATCH if yielding else os.SCHED_OTHER
+    try:
+        os.sched_setscheduler(0, policy, os.sched_param(0))
+        for tid in tids:
+            try:
+                os.sched_setscheduler(tid, policy, os.sched_param(0))
+            except ProcessLookupError:
+                pass
+    except (AttributeError, OSError):
+        return False
+    return True
+
+
+def task_ids():
+    """The ids of this process's threads now (Linux's ``/proc``; elsewhere none)."""
+    try:
+        return set(os.listdir("/proc/self/task"))
+    except OSError:
+        return set()
+
+
+def gloo_threads_since(before):
+    """The ids of the gloo threads (:data:`GLOO_THREADS`) started since ``before`` (:func:`task_ids`): those a
+    gloo group made meanwhile started."""
+    found = []
+    for tid in task_ids() - before:
+        try:
+            with open("/proc/self/task/%s/comm" % tid) as name:
+                if name.read().strip() in GLOO_THREADS:
+                    found.append(int(tid))
+        except (OSError, ValueError):  # ended meanwhile
+            pass
+    return found
+
+
 def arrival(rank, size, bound=None):
     """What rank ``rank`` of ``size`` adds to a check's count to count itself in: its own bit (every rank's sum
     then names the ranks that arrived) up to ``bound`` (default :data:`MASK_RANKS`) ranks, else 1."""
@@ -303,6 +381,9 @@ class Worker(object):
         self.signalled = False  # the watcher returned: the worker runs a round
         self.unwatched = None  # the exchange whose slot is polled, not watched (a watch of it found nothing)
         self.agreed = {}  # stream key -> (time_then, when learnt) of its latest check every rank reached
+        self.yielding = False  # whether its threads yield a shared core to training now (:func:`yields`)
+        self.schedulable = False  # whether it may (:func:`schedulable`), set by its thread; False once refused
+        self.gloo = None  # the ids of the threads its check's gloo group started (None: not made by it yet)
 
     def start(self):
         self.thread.start()
@@ -354,6 +435,7 @@ class Worker(object):
 
     # ------------------------------------------------------------------ the loop
     def _main(self):
+        self.schedulable = schedulable()
         try:
             delay = FIRST_POLL
             while True:
@@ -365,6 +447,7 @@ class Worker(object):
                     new = list(self.queue)
                     self.queue.clear()
                     self.busy = True
+                self._reschedule(len(self.pending) + len(new))
                 try:
                     for job in new:
                         self._arrive(job)
@@ -381,6 +464,34 @@ class Worker(object):
             _worker_failed(exc)
         finally:
             self._unwatch()
+            if self.yielding:  # the group's threads outlive this worker: left as they were found
+                schedule(False, self.gloo or ())
+
+    def _reschedule(self, held):
+        """Yield a shared core to training, or take a share of it, as :func:`yields` says for ``held`` checks: the
+        worker's thread, its watcher's and its gloo group's."""
+        wanted = yields(held, self.yielding)
+        if wanted != self.yielding and self.schedulable:
+            watcher = self.watcher
+            tids = list(self.gloo or ()) + ([watcher.native_id] if watcher is not None and watcher.is_alive() else [])
+            if schedule(wanted, tids):
+                self.yielding = wanted
+            else:
+                self.schedulable = False
+
+    def _exchange(self, pending, tolerance):
+        """The check's exchange (:func:`.compare.exchange`); the first one also notes the threads of the gloo group
+        it makes, rescheduled with the worker from then on (a group made by an earlier worker of this process:
+        none noted, its threads left at the policy they have)."""
+        from . import compare
+
+        if self.gloo is not None or not self.schedulable:
+            return compare.exchange(pending, tolerance)
+        before = task_ids()
+        try:
+            return compare.exchange(pending, tolerance)
+        finally:
+            self.gloo = gloo_threads_since(before)
 
     def _pause(self, delay):
         """Wait for the next thing to do after a round that moved nothing. Where a watcher blocks on the next
@@ -591,8 +702,7 @@ class Worker(object):
 
         pending = job.pending
         try:
-            report = compare.exchange(pending, job.tolerance if job.tolerance is not None
-                                      else compare.DEFAULT_TOLERANCE)
+            report = self._exchange(pending, job.tolerance if job.tolerance is not None else compare.DEFAULT_TOLERANCE)
             raise_at = None
             if raise_round(report, pending.stream.raise_settled):
                 raise_at = self._agree_raise_step(job)
