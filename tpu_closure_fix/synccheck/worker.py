@@ -4,8 +4,9 @@ At a check the training thread fingerprints its parameters (:func:`.compare.prep
 communication, the result on the host) and hands the result to its worker thread; it never waits for another
 rank. The worker (one daemon thread per rank in this process: one per process with a process group, started
 when the job makes that group (:func:`ready`; idle until the first check), one per replica thread where
-torch_xla's replicas are threads of one process, started at its first check) alone uses the check's store (the
-process group's, or the check's own without one: :class:`.comm.HostChannel`) and the check's own gloo group:
+torch_xla's replicas are threads of one process, started at its first check; it yields a core it shares with
+training while it keeps up: :func:`yields`) alone uses the check's store (the process group's, or the check's
+own without one: :class:`.comm.HostChannel`) and the check's own gloo group:
 
 1. **Arrive.** It counts the check in under the check's key (the stream and its check number), in one store
    round trip that also says which ranks arrived (:func:`arrival`).
