@@ -644,3 +644,77 @@ def test_a_worker_that_keeps_up_yields_and_one_that_falls_behind_takes_its_share
             policies.append([_policy(each.thread) for each in workers])
         assert here == os.SCHED_OTHER and policies == [[here] * 2] + [[os.SCHED_BATCH] * 2] * 2 + [[here] * 2]
         assert os.sched_getscheduler(threading.get_native_id()) == here and _policy(plain) == here
+
+
+def _in_thread(fn, name=None, batch=False, hold=None):
+    """Run ``fn`` on a new thread (named ``name`` for the system, SCHED_BATCH if ``batch``) and return what it
+    returned; ``hold``: an Event the thread waits for before it ends (its id stays valid meanwhile)."""
+    import ctypes
+
+    result, ready = {}, threading.Event()
+
+    def run():
+        if name:
+            ctypes.CDLL(None).prctl(15, name.encode())  # PR_SET_NAME: the name /proc/self/task/<id>/comm gives
+        if batch:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        result["value"] = fn()
+        result["tid"] = threading.get_native_id()
+        ready.set()
+        if hold is not None:
+            hold.wait(30)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(30)
+    if hold is None:
+        thread.join(30)
+    return result
+
+
+LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads' scheduling: Linux only")
+
+
+@LINUX_ONLY
+def test_the_gloo_threads_noted_are_those_started_meanwhile_under_the_workers_policy():
+    """Of the threads started since the snapshot, only those named as gloo's and running SCHED_BATCH (inherited
+    from the yielding worker) are noted: not a gloo thread another thread started at the training's policy, not a
+    thread of another name, not one that ran before."""
+    hold = threading.Event()
+    try:
+        older = _in_thread(lambda: None, "pt_gloo_runloop", batch=True, hold=hold)["tid"]
+        before = worker.task_ids()
+        ours = _in_thread(lambda: None, "pt_gloo_runloop", batch=True, hold=hold)["tid"]
+        loop = _in_thread(lambda: None, "gloo_tcp_loop", batch=True, hold=hold)["tid"]
+        theirs = _in_thread(lambda: None, "pt_gloo_runloop", hold=hold)["tid"]
+        other = _in_thread(lambda: None, "python-batch", batch=True, hold=hold)["tid"]
+        found = worker.gloo_threads_since(before, os.SCHED_BATCH)
+        assert sorted(found) == sorted([ours, loop]) and not {older, theirs, other} & set(found)
+    finally:
+        hold.set()
+
+
+@LINUX_ONLY
+def test_a_refused_switch_leaves_every_thread_at_the_default_policy(monkeypatch):
+    """The system refuses to switch another thread: the worker's thread, switched first, is put back to
+    SCHED_OTHER (a worker left yielding for good falls behind) and the switch says it failed; twin: allowed, it
+    is SCHED_BATCH."""
+    original = os.sched_setscheduler
+
+    def refuse_others(tid, policy, param):
+        if tid != 0:
+            raise PermissionError(1, "Operation not permitted")
+        return original(tid, policy, param)
+
+    allowed = _in_thread(lambda: (worker.schedule(True, [threading.get_native_id()]), os.sched_getscheduler(0)))
+    assert allowed["value"] == (True, os.SCHED_BATCH)
+    monkeypatch.setattr(os, "sched_setscheduler", refuse_others)
+    refused = _in_thread(lambda: (worker.schedule(True, [threading.get_native_id()]), os.sched_getscheduler(0)))
+    assert refused["value"] == (False, os.SCHED_OTHER)
+
+
+@LINUX_ONLY
+def test_a_thread_that_ended_meanwhile_is_passed_over():
+    ended = _in_thread(lambda: None)["tid"]  # joined: its id names no thread now
+    switched = _in_thread(lambda: (worker.schedule(True, [ended]), os.sched_getscheduler(0)))
+    assert switched["value"] == (True, os.SCHED_BATCH)

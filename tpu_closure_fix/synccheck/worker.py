@@ -300,18 +300,28 @@ def schedule(yielding, tids=()):
     """Schedule the calling thread and the threads ``tids`` as Linux's ``SCHED_BATCH`` (``yielding``: at the same
     priority, but a thread that wakes waits for the running thread's time slice to end instead of preempting it)
     or back as ``SCHED_OTHER``; threads started later inherit it. A thread that has ended meanwhile is passed
-    over. Whether it was done (refused: a sandbox; the threads run on as they were)."""
-    policy = os.SCHED_BATCH if yielding else os.SCHED_OTHER
+    over. Whether it was done; refused (a sandbox), every one of them is put back as ``SCHED_OTHER`` as far as
+    the system lets it (a worker that yields for good falls behind on a busy core)."""
     try:
-        os.sched_setscheduler(0, policy, os.sched_param(0))
-        for tid in tids:
-            try:
-                os.sched_setscheduler(tid, policy, os.sched_param(0))
-            except ProcessLookupError:
-                pass
+        _set_policy([0] + list(tids), os.SCHED_BATCH if yielding else os.SCHED_OTHER)
     except (AttributeError, OSError):
+        try:
+            _set_policy([0] + list(tids), os.SCHED_OTHER, strict=False)
+        except (AttributeError, OSError):
+            pass
         return False
     return True
+
+
+def _set_policy(tids, policy, strict=True):
+    for tid in tids:
+        try:
+            os.sched_setscheduler(tid, policy, os.sched_param(0))
+        except ProcessLookupError:  # ended meanwhile
+            pass
+        except OSError:
+            if strict:
+                raise
 
 
 def task_ids():
@@ -322,14 +332,15 @@ def task_ids():
         return set()
 
 
-def gloo_threads_since(before):
-    """The ids of the gloo threads (:data:`GLOO_THREADS`) started since ``before`` (:func:`task_ids`): those a
-    gloo group made meanwhile started."""
+def gloo_threads_since(before, policy):
+    """The ids of the gloo threads (:data:`GLOO_THREADS`) started since ``before`` (:func:`task_ids`) that run
+    under ``policy``: those a gloo group the worker made meanwhile started (they inherit its ``SCHED_BATCH``; a
+    group some other thread made at the same time has that thread's policy, and is not the worker's to switch)."""
     found = []
     for tid in task_ids() - before:
         try:
             with open("/proc/self/task/%s/comm" % tid) as name:
-                if name.read().strip() in GLOO_THREADS:
+                if name.read().strip() in GLOO_THREADS and os.sched_getscheduler(int(tid)) == policy:
                     found.append(int(tid))
         except (OSError, ValueError):  # ended meanwhile
             pass
@@ -481,18 +492,19 @@ class Worker(object):
                 self.schedulable = False
 
     def _exchange(self, pending, tolerance):
-        """The check's exchange (:func:`.compare.exchange`); the first one also notes the threads of the gloo group
-        it makes, rescheduled with the worker from then on (a group made by an earlier worker of this process:
-        none noted, its threads left at the policy they have)."""
+        """The check's exchange (:func:`.compare.exchange`); the first one while the worker yields also notes the
+        threads of the gloo group it makes then, rescheduled with the worker from then on (a group made before --
+        by an earlier worker of this process, or while this one did not yield --: none noted, its threads keep
+        the policy they have)."""
         from . import compare
 
-        if self.gloo is not None or not self.schedulable:
+        if self.gloo is not None or not self.yielding:
             return compare.exchange(pending, tolerance)
         before = task_ids()
         try:
             return compare.exchange(pending, tolerance)
         finally:
-            self.gloo = gloo_threads_since(before)
+            self.gloo = gloo_threads_since(before, os.SCHED_BATCH)
 
     def _pause(self, delay):
         """Wait for the next thing to do after a round that moved nothing. Where a watcher blocks on the next
