@@ -1145,7 +1145,7 @@ def scheduled(ctx):
             ctx.result["drained_in_loop"] = _drain(ctx.drain)
     _drain(ctx.drain)
     running = worker._workers["process"]
-    check_group = list(running.gloo or ())
+    check_group = sorted(running.group_threads())
     ctx.result["check_group"] = len(check_group)
     ctx.result["policies"] = _policies(check_group, running.thread.native_id)
     running.thread.stop()  # as a thread-leak guard stops it: the check's group lives on for the next worker

@@ -623,10 +623,13 @@ def _policy(thread):
 def test_a_worker_that_keeps_up_yields_and_one_that_falls_behind_takes_its_share(monkeypatch):
     """Two thread-ranks exchange checks: idle, their workers have the starting thread's policy; with few checks
     held they run as SCHED_BATCH, the test's thread and a plain thread as before; once they count themselves
-    behind (the bounds lowered: every held check is too many) they are back; a stopped worker leaves it so."""
+    behind (the bounds lowered: every held check is too many) they are back. A gloo thread running SCHED_BATCH
+    before the worker started is never taken for one of the worker's group."""
     here = os.sched_getscheduler(threading.get_native_id())
     plain = threading.Thread(target=threading.Event().wait, args=(30,), daemon=True)
     plain.start()
+    hold = threading.Event()
+    older = _in_thread(lambda: None, "pt_gloo_runloop", batch=True, hold=hold)["tid"]  # a user's, before the worker
     store, world = dist.HashStore(), ThreadWorld(2)
     workers = [worker.Worker().start() for _ in range(2)]
     models = _models()
@@ -642,6 +645,9 @@ def test_a_worker_that_keeps_up_yields_and_one_that_falls_behind_takes_its_share
                 assert workers[rank].submit(outcomes[rank].job(channel, compare.Stream("A"), models["A"], number, 1))
             _answered(outcomes, 30)
             policies.append([_policy(each.thread) for each in workers])
+            if number == 1:  # yielding: a SCHED_BATCH gloo thread that ran before the worker is not its group's
+                assert all(older not in each.group_threads() for each in workers)
+        hold.set()
         assert here == os.SCHED_OTHER and policies == [[here] * 2] + [[os.SCHED_BATCH] * 2] * 2 + [[here] * 2]
         assert os.sched_getscheduler(threading.get_native_id()) == here and _policy(plain) == here
 

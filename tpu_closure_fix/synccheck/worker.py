@@ -334,8 +334,9 @@ def task_ids():
 
 def gloo_threads_since(before, policy):
     """The ids of the gloo threads (:data:`GLOO_THREADS`) started since ``before`` (:func:`task_ids`) that run
-    under ``policy``: those a gloo group the worker made meanwhile started (they inherit its ``SCHED_BATCH``; a
-    group some other thread made at the same time has that thread's policy, and is not the worker's to switch)."""
+    under ``policy``: while the worker yields, those of the gloo group it made (they inherit its ``SCHED_BATCH``,
+    threads that one of them started later too); a gloo group some other thread made has that thread's policy,
+    and is not the worker's to switch."""
     found = []
     for tid in task_ids() - before:
         try:
@@ -395,7 +396,8 @@ class Worker(object):
         self.agreed = {}  # stream key -> (time_then, when learnt) of its latest check every rank reached
         self.yielding = False  # whether its threads yield a shared core to training now (:func:`yields`)
         self.schedulable = False  # whether it may (:func:`schedulable`), set by its thread; False once refused
-        self.gloo = None  # the ids of the threads its check's gloo group started (None: not made by it yet)
+        self.born = set()  # the ids of the process's threads when its thread started (none of them its own)
+        self.gloo = set()  # the ids of its gloo group's threads noted so far (:meth:`group_threads`)
 
     def start(self):
         self.thread.start()
@@ -448,6 +450,7 @@ class Worker(object):
     # ------------------------------------------------------------------ the loop
     def _main(self):
         self.schedulable = schedulable()
+        self.born = task_ids() if self.schedulable else set()
         try:
             delay = FIRST_POLL
             while True:
@@ -477,7 +480,7 @@ class Worker(object):
         finally:
             self._unwatch()
             if self.yielding:  # the group's threads outlive this worker: left as they were found
-                schedule(False, self.gloo or ())
+                schedule(False, self.group_threads())
 
     def _reschedule(self, held):
         """Yield a shared core to training, or take a share of it, as :func:`yields` says for ``held`` checks: the
@@ -485,26 +488,21 @@ class Worker(object):
         wanted = yields(held, self.yielding)
         if wanted != self.yielding and self.schedulable:
             watcher = self.watcher
-            tids = list(self.gloo or ()) + ([watcher.native_id] if watcher is not None and watcher.is_alive() else [])
+            tids = sorted(self.group_threads()) + (
+                [watcher.native_id] if watcher is not None and watcher.is_alive() else [])
             if schedule(wanted, tids):
                 self.yielding = wanted
             else:
                 self.schedulable = False
 
-    def _exchange(self, pending, tolerance):
-        """The check's exchange (:func:`.compare.exchange`); the first one while the worker yields also notes the
-        threads of the gloo group it makes then, rescheduled with the worker from then on (a group made before --
-        by an earlier worker of this process, or while this one did not yield --: none noted, its threads keep
-        the policy they have)."""
-        from . import compare
-
-        if self.gloo is not None or not self.yielding:
-            return compare.exchange(pending, tolerance)
-        before = task_ids()
-        try:
-            return compare.exchange(pending, tolerance)
-        finally:
-            self.gloo = gloo_threads_since(before, os.SCHED_BATCH)
+    def group_threads(self):
+        """The ids of the threads of the check's gloo group: those noted before, and, while the worker yields, the
+        gloo threads started since its thread did that share its ``SCHED_BATCH`` (:func:`gloo_threads_since`):
+        noted then, they are switched back with it. A group an earlier worker of this process made, or one made
+        while this worker did not yield: its threads are never noted, and keep the policy they have."""
+        if self.yielding:
+            self.gloo.update(gloo_threads_since(self.born, os.SCHED_BATCH))
+        return set(self.gloo)
 
     def _pause(self, delay):
         """Wait for the next thing to do after a round that moved nothing. Where a watcher blocks on the next
@@ -715,7 +713,8 @@ class Worker(object):
 
         pending = job.pending
         try:
-            report = self._exchange(pending, job.tolerance if job.tolerance is not None else compare.DEFAULT_TOLERANCE)
+            report = compare.exchange(pending, job.tolerance if job.tolerance is not None
+                                      else compare.DEFAULT_TOLERANCE)
             raise_at = None
             if raise_round(report, pending.stream.raise_settled):
                 raise_at = self._agree_raise_step(job)
