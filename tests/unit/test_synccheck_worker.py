@@ -724,3 +724,16 @@ def test_a_thread_that_ended_meanwhile_is_passed_over():
     ended = _in_thread(lambda: None)["tid"]  # joined: its id names no thread now
     switched = _in_thread(lambda: (worker.schedule(True, [ended]), os.sched_getscheduler(0)))
     assert switched["value"] == (True, os.SCHED_BATCH)
+
+
+@LINUX_ONLY
+def test_only_a_process_wide_worker_switches_its_scheduling(monkeypatch):
+    """A process with a process group has one worker, which may switch; replicas that are threads of one process
+    each have theirs (their gloo groups' threads cannot be told apart): none of them switches."""
+    monkeypatch.setattr(worker, "_workers", {})
+    started = [worker._start("process", None), worker._start(("thread", 0), None)]
+    try:
+        assert [each.schedulable for each in started] == [True, False]
+    finally:
+        for each in started:
+            each.stop(5)

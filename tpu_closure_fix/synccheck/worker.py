@@ -284,9 +284,9 @@ GLOO_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop")
 
 
 def schedulable():
-    """Whether the calling thread (the worker's) may switch its scheduling: Linux (where a thread's id names that
-    thread alone) and the calling thread at the default policy (``SCHED_OTHER``): a training process the user
-    scheduled otherwise (``chrt``) keeps what it has."""
+    """Whether a worker started by the calling thread may switch its scheduling: Linux (where a thread's id names
+    that thread alone) and the calling thread at the default policy (``SCHED_OTHER``), which the worker inherits:
+    a training process the user scheduled otherwise (``chrt``) keeps what it has."""
     if not sys.platform.startswith("linux") or not hasattr(os, "SCHED_BATCH") or not hasattr(
             threading, "get_native_id"):
         return False
@@ -377,7 +377,7 @@ def _text(value):
 class Worker(object):
     """One process's worker thread and its queue of checks (see the module docstring)."""
 
-    def __init__(self, group=None):
+    def __init__(self, group=None, may_yield=True):
         self.group = group  # the identity of the process group whose store and ranks it uses
         self.queue = collections.deque()
         self.pending = collections.OrderedDict()  # key -> Job, in the order this rank fingerprinted them
@@ -395,8 +395,11 @@ class Worker(object):
         self.unwatched = None  # the exchange whose slot is polled, not watched (a watch of it found nothing)
         self.agreed = {}  # stream key -> (time_then, when learnt) of its latest check every rank reached
         self.yielding = False  # whether its threads yield a shared core to training now (:func:`yields`)
-        self.schedulable = False  # whether it may (:func:`schedulable`), set by its thread; False once refused
-        self.born = set()  # the ids of the process's threads when its thread started (none of them its own)
+        # whether it switches its scheduling (:func:`schedulable`; read on the thread that starts it, whose policy
+        # its thread inherits); False once refused. ``may_yield`` False: one of several workers of this process
+        # (replicas that are threads), which could not tell their gloo groups' threads apart: none switches
+        self.schedulable = may_yield and schedulable()
+        self.born = task_ids() if self.schedulable else set()  # the process's threads before it: none its own
         self.gloo = set()  # the ids of its gloo group's threads noted so far (:meth:`group_threads`)
 
     def start(self):
@@ -449,8 +452,6 @@ class Worker(object):
 
     # ------------------------------------------------------------------ the loop
     def _main(self):
-        self.schedulable = schedulable()
-        self.born = task_ids() if self.schedulable else set()
         try:
             delay = FIRST_POLL
             while True:
@@ -881,7 +882,7 @@ def _serving(worker):
 
 def _start(scope, group):
     """A new worker for ``scope`` serving the process group ``group``, its thread started (``_lock`` held)."""
-    worker = _workers[scope] = Worker(group).start()
+    worker = _workers[scope] = Worker(group, may_yield=scope == "process").start()
     _watch_destroy()
     _watch_sigterm()
     return worker
