@@ -498,7 +498,7 @@ class Worker(object):
 
     def group_threads(self):
         """The ids of the threads of the check's gloo group: those noted before, and, while the worker yields, the
-        gloo threads started since its thread did that share its ``SCHED_BATCH`` (:func:`gloo_threads_since`):
+        gloo threads started since it was made that share its ``SCHED_BATCH`` (:func:`gloo_threads_since`):
         noted then, they are switched back with it. A group an earlier worker of this process made, or one made
         while this worker did not yield: its threads are never noted, and keep the policy they have."""
         if self.yielding:
