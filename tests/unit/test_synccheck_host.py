@@ -386,8 +386,9 @@ def test_two_replica_threads_name_their_optimizers_alike(monkeypatch):
 class _Recorded(object):
     """A worker that records what it is given (never started as a thread)."""
 
-    def __init__(self, group=None):
+    def __init__(self, group=None, may_yield=True):
         self.group, self.jobs, self.pid, self.stopping = group, [], os.getpid(), False
+        self.may_yield = may_yield
         self.thread = types.SimpleNamespace(is_alive=lambda: False)
 
     def start(self):
@@ -413,6 +414,9 @@ def test_one_worker_per_replica_and_one_per_process_group(monkeypatch):
         assert worker.submit(_job(channel))
     assert sorted(map(str, worker._workers)) == ["('xla replica', 0)", "('xla replica', 1)", "process"]
     assert [len(worker._workers[k].jobs) for k in (("xla replica", 0), ("xla replica", 1), "process")] == [2, 1, 2]
+    # replica threads' workers never switch their scheduling: their groups' threads cannot be told apart
+    assert [worker._workers[k].may_yield for k in (("xla replica", 0), ("xla replica", 1), "process")] == [
+        False, False, True]
 
 
 # --------------------------------------------------------------------------- one transfer
