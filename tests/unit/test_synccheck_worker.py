@@ -615,11 +615,14 @@ def test_the_worker_yields_a_shared_core_while_it_keeps_up_and_takes_its_share_w
     assert worker.yields(held, yielding) is expected
 
 
+LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads' scheduling: Linux only")
+
+
 def _policy(thread):
     return os.sched_getscheduler(thread.native_id)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own scheduling policy: Linux only")
+@LINUX_ONLY
 def test_a_worker_that_keeps_up_yields_and_one_that_falls_behind_takes_its_share(monkeypatch):
     """Two thread-ranks exchange checks: idle, their workers have the starting thread's policy; with few checks
     held they run as SCHED_BATCH, the test's thread and a plain thread as before; once they count themselves
@@ -676,9 +679,6 @@ def _in_thread(fn, name=None, batch=False, hold=None):
     if hold is None:
         thread.join(30)
     return result
-
-
-LINUX_ONLY = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads' scheduling: Linux only")
 
 
 @LINUX_ONLY
