@@ -118,6 +118,36 @@ def test_value_sums_of_the_pass_are_value_sums():
     assert [float(v) for v in fingerprint.xxh3_fields(ints, 0)[1:]] == [0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("values", [[1.5, -2.25, 4.0], [-0.0, -0.0], [0.0, -0.0], [1.0, float("nan")],
+                                    [float("-inf"), 2.0], [], [3.0e38, 3.0e38]],
+                         ids=["plain", "negative-zero-sum", "mixed-zeros", "nan", "inf", "empty", "overflow"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_a_tensor_of_one_piece_gets_the_same_fields_as_streamed_in_one_piece(values, dtype):
+    """The one-piece pass (one hash call, no running total) gives bit for bit what the streamed pass gives the
+    same single piece; no sum reads -0.0 (0.0 in both, as in value_sums)."""
+    raw = torch.tensor(values, dtype=torch.float32).to(dtype)
+    for scale in (True, False):
+        one = fingerprint._one_piece(raw, 5, True, scale)
+        streamed = fingerprint._streamed([raw], 5, True, scale)
+        assert repr(one) == repr(streamed), (one, streamed)
+    if values == [-0.0, -0.0]:
+        assert math.copysign(1.0, fingerprint.xxh3_fields(raw, 0)[2]) == 1.0
+        assert math.copysign(1.0, float(fingerprint.value_sums(raw)[1])) == 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+def test_a_tensor_that_fits_one_piece_is_hashed_in_one_call_and_a_larger_one_streamed(monkeypatch, dtype):
+    passes = []
+    for name in ("_one_piece", "_streamed"):
+        real = getattr(fingerprint, name)
+        monkeypatch.setattr(fingerprint, name, lambda *args, _name=name, _real=real: passes.append(_name) or
+                            _real(*args))
+    size = torch.empty(0, dtype=dtype).element_size()
+    for n in (1, 4, 5):
+        fingerprint.xxh3_fields(_tensor(dtype, n), 0, pass_bytes=4 * size)
+    assert passes == ["_one_piece", "_one_piece", "_streamed"]
+
+
 def test_without_the_scale_the_pass_gives_the_same_hash_count_and_sum_and_no_scale(monkeypatch):
     """``scale=False`` leaves out the sum of |values| (no abs of any piece) and changes nothing else."""
     t = torch.tensor([1.5, -2.25, float("nan"), 4.0, -0.25, float("inf")] * 50)
