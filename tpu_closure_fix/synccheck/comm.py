@@ -44,6 +44,8 @@ KEY_PREFIX = "tpu_closure_fix/synccheck/"
 
 _groups = {}  # (scope, user, rank) -> the check's own gloo group
 _made = {}  # (user, rank) -> the check's groups made for it in this process: each its own prefix of the store
+_making = {}  # (scope, user, rank) -> the lock held while that group is made (two threads may ask for it at once)
+_making_lock = threading.Lock()
 _connections = threading.local()  # this thread's (store, its own connection to it): see own_connection
 #: Up to this many ranks a check's MAX is taken from every rank's whole vector (each rank receives
 #: ``GATHER_RANKS`` x 76.7 KiB at most): through the store with the agreement on the calling thread
@@ -385,20 +387,36 @@ class _StoreChannel(object):
         after every rank agreed "go"): no collective on the job's groups, and none of the process-wide group
         numbering ``new_group`` uses, so making it from the check's worker thread cannot pair with groups the
         training makes meanwhile. Keyed per rank: replicas that are threads of one process each have theirs."""
+        return self._made_group(_user_of_groups())
+
+    def ready_group(self):
+        """Make the zero-code check's gloo group of this rank now, if not made yet: a rendezvous of the ranks'
+        check workers, which each start one as the job makes its process group (:meth:`.worker.Worker._prepare`)."""
+        self._made_group("worker")
+
+    def _made_group(self, user):
+        """``user``'s group (:meth:`_group`), made once: a second thread asking meanwhile waits for the first."""
         from datetime import timedelta
 
         dist = self._c10d()
-        scope, user = self._scope(), _user_of_groups()
-        group = _groups.get((scope, user, self.rank))
-        if group is None:
-            for key in [k for k in _groups if k[0][0] == scope[0] and k[0] != scope]:
-                del _groups[key]  # a group of an earlier default group
-            made = _made[(user, self.rank)] = _made.get((user, self.rank), 0) + 1
-            store = self._store()
-            # the rendezvous waits for every rank's address: on this thread's own connection (own_connection)
-            prefix = dist.PrefixStore("%sgroup/%s/%d" % (KEY_PREFIX, user, made), own_connection(store) or store)
-            group = dist.ProcessGroupGloo(prefix, self.rank, self.size, timedelta(seconds=self.timeout))
-            _groups[(scope, user, self.rank)] = group
+        scope = self._scope()
+        key = (scope, user, self.rank)
+        group = _groups.get(key)
+        if group is not None:
+            return group
+        with _making_lock:
+            making = _making.setdefault(key, threading.Lock())
+        with making:
+            group = _groups.get(key)
+            if group is None:
+                for old in [k for k in _groups if k[0][0] == scope[0] and k[0] != scope]:
+                    del _groups[old]  # a group of an earlier default group
+                made = _made[(user, self.rank)] = _made.get((user, self.rank), 0) + 1
+                store = self._store()
+                # the rendezvous waits for every rank's address: on this thread's own connection (own_connection)
+                prefix = dist.PrefixStore("%sgroup/%s/%d" % (KEY_PREFIX, user, made), own_connection(store) or store)
+                group = dist.ProcessGroupGloo(prefix, self.rank, self.size, timedelta(seconds=self.timeout))
+                _groups[key] = group
         return group
 
     def _run(self, what, fn):

@@ -195,8 +195,9 @@ def _guarded(fn, optimizer):
 def group_made():
     """The job made its default process group: when armed, ready the check before the first optimizer step (the
     worker's thread started, :func:`.worker.ready`; the fingerprint's first-call costs paid on a small tensor,
-    :func:`.fingerprint.warm`), so the first check holds the training thread about as long as a later one. Nothing
-    is communicated. A failure here is said once and disarms, as any failure of the hook does."""
+    :func:`.fingerprint.warm`), so the first check holds the training thread about as long as a later one. The
+    training thread communicates nothing (the worker makes the check's gloo group on a thread of its own). A
+    failure here is said once and disarms, as any failure of the hook does."""
     if not _armed["every"]:
         return
     try:

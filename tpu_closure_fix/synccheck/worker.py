@@ -3,7 +3,8 @@
 At a check the training thread fingerprints its parameters (:func:`.compare.prepare`: one pass, no
 communication, the result on the host) and hands the result to its worker thread; it never waits for another
 rank. The worker (one daemon thread per rank in this process: one per process with a process group, started
-when the job makes that group (:func:`ready`; idle until the first check), one per replica thread where
+when the job makes that group (:func:`ready`; it makes the check's gloo group then and waits for the first
+check), one per replica thread where
 torch_xla's replicas are threads of one process, started at its first check; it yields a core it shares with
 training while it keeps up: :func:`yields`) alone uses the check's store (the process group's, or the check's
 own without one: :class:`.comm.HostChannel`) and the check's own gloo group:
@@ -152,8 +153,8 @@ def refusal(waiting, total, quota=None, bound=None, skipped=False):
     stepped on some ranks only) is refused at its own ``quota`` when some rank skipped that check; a stream whose
     oldest check only waits (a rank whose worker lags, ranks with no collective between their steps running checks
     apart) is held by the memory ``bound`` alone, as is a stream whose checks are all reached (:data:`BEHIND`:
-    checks come faster than the ranks exchange them): a backlog while the first exchange makes the check's gloo
-    group must not stand it down."""
+    checks come faster than the ranks exchange them): a backlog while the ranks' workers still make the check's
+    gloo group must not stand it down."""
     quota = MAX_PENDING_PER_STREAM if quota is None else quota
     bound = MAX_PENDING if bound is None else bound
     oldest = waiting[0] if waiting else None
@@ -453,6 +454,7 @@ class Worker(object):
     # ------------------------------------------------------------------ the loop
     def _main(self):
         try:
+            self._prepare()
             delay = FIRST_POLL
             while True:
                 with self.wake:
@@ -482,6 +484,23 @@ class Worker(object):
             self._unwatch()
             if self.yielding:  # the group's threads outlive this worker: left as they were found
                 schedule(False, self.group_threads())
+
+    def _prepare(self):
+        """Before any check, for a worker serving the job's process group: take an idle worker's scheduling (the
+        threads it starts inherit it: :meth:`group_threads`) and make the check's gloo group on a thread of its own
+        (:class:`_GroupMaker`). Every rank's worker starts as the job makes its process group, so the ranks meet in
+        that rendezvous at once; the first check's exchange then neither makes the group on a core training may
+        share (about 1 ms of CPU, and its threads' start) nor waits for it. The worker goes on meanwhile: a rank
+        whose peers never start one (not armed) holds that thread in the rendezvous, never the worker."""
+        if self.group is None:
+            return
+        self._reschedule(0)
+        try:
+            channel = comm.channel()
+            if isinstance(channel, comm.DistributedChannel) and comm.default_group_id() == self.group:
+                _GroupMaker(self, channel).start()
+        except Exception:  # the first exchange makes the group, and says why it could not
+            pass
 
     def _reschedule(self, held):
         """Yield a shared core to training, or take a share of it, as :func:`yields` says for ``held`` checks: the
@@ -835,6 +854,24 @@ class _Watcher(threading.Thread):
         self._worker.thread.stop()
 
 
+class _GroupMaker(threading.Thread):
+    """Makes the check's gloo group as its worker starts (:meth:`Worker._prepare`); a failure is left to the first
+    exchange, which makes it again and says why. Its ``stop()`` is its worker's, for thread-leak guards."""
+
+    def __init__(self, worker, channel):
+        threading.Thread.__init__(self, name=comm.WORKER_THREAD + "-group", daemon=True)
+        self._worker, self.channel = worker, channel
+
+    def run(self):
+        try:
+            self.channel.ready_group()
+        except Exception:
+            pass
+
+    def stop(self):
+        self._worker.thread.stop()
+
+
 def retire(worker):
     """End one worker now, as the job's end would: the checks handed over are answered (at most
     :func:`drain_bound` seconds) or said dropped, then its thread ends. A later check starts a new worker."""
@@ -890,9 +927,11 @@ def _start(scope, group):
 
 def ready(group):
     """The job made its process group ``group`` (its identity, :func:`.comm.default_group_id`): start this process's
-    worker now, its thread idle until the first check, so that check's training thread does not wait for a thread
-    to start (0.2-1 ms). Nothing is communicated; a worker already serving ``group`` is kept, and one serving an
-    earlier group is left to the first check (which releases it, :func:`stale`)."""
+    worker now, so the first check's training thread does not wait for a thread to start (0.2-1 ms) and its
+    exchange finds the check's gloo group made (:meth:`Worker._prepare`: the worker's rendezvous with the other
+    ranks' workers, on its own thread; the training thread communicates nothing). A worker already serving
+    ``group`` is kept, and one serving an earlier group is left to the first check (which releases it,
+    :func:`stale`)."""
     if _state["failed"] is not None or group is None:
         return
     with _lock:
