@@ -333,14 +333,17 @@ def test_init_process_group_tells_the_hook_once_the_group_is_made(monkeypatch, t
 
 
 def test_arming_reads_the_one_time_facts_before_any_optimizer_steps(monkeypatch):
-    """The hash module and Python's library folders are read when the hooks go in (with torch), not inside an
-    optimizer's first step, where they would hold the training thread."""
+    """The hash module, Python's library folders and the libraries' names are read when the hooks go in (with
+    torch), not inside an optimizer's first step, where they would hold the training thread."""
     from tpu_closure_fix.synccheck import fingerprint
+
+    from tpu_closure_fix.synccheck import report
 
     monkeypatch.setattr(synchook, "_python_dirs", [])
     monkeypatch.setattr(fingerprint, "_xxhash", [])
+    monkeypatch.setattr(report, "_library_names", [])
     synchook.arm(5)
-    assert synchook._python_dirs and fingerprint._xxhash
+    assert synchook._python_dirs and fingerprint._xxhash and report._library_names
 
 
 def test_the_library_folders_are_read_again_once_a_framework_is_imported(monkeypatch, tmp_path):
