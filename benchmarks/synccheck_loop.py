@@ -249,9 +249,10 @@ def within_run(step_own, every, window=WINDOW):
     """Seconds each later check added inside one run: the own time of its ``window`` steps (the check's step
     and the next) less ``window`` times the median of the other steps of its period, before the next check
     (``step_own``: each later step's own time, optimizer step 2 first). Checks whose period holds no step after
-    the window (``every`` at most ``window``, or the run's last check) are left out. Paired within a run, it needs no run without the check: where whole runs differ
-    by more than their checks cost (100 M parameters), it still resolves them; applied to a run without the
-    check, at the same steps, it shows what the step numbers alone give (about 0)."""
+    the window (``every`` at most ``window``, or the run's last check) are left out. Paired within a run, it
+    needs no run without the check: where whole runs differ by more than their checks cost (100 M parameters),
+    it still resolves them; applied to a run without the check, at the same steps, it shows what the step
+    numbers alone give (about 0)."""
     own = {number: seconds for number, seconds in enumerate(step_own, start=2)}
     added = []
     for check in range(every, len(step_own) + 2, every):

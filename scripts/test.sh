@@ -134,7 +134,8 @@ properties_and_benchmarks() {  # after the matrix's downloads: Lightning for the
     pytest_step properties-pl186 tests/unit/test_properties.py
   echo "== benchmarks, smoke mode (checks they run; figures not meaningful: see README 'Cost')"
   # the benchmarks whose smoke run a unit test makes and reads (tests/unit/test_*_bench.py) are not run twice
-  for bench in bench_startup bench_import bench_step synccheck_overhead synccheck_collisions synccheck_scaling; do
+  for bench in bench_startup bench_import bench_step synccheck_overhead synccheck_collisions synccheck_scaling \
+               synccheck_tensors; do
     "$PY" benchmarks/$bench.py --smoke > "results/$bench.txt" 2>&1 \
       || { echo "!! benchmarks/$bench.py --smoke failed:"; tail -20 "results/$bench.txt"; status=1; }
   done

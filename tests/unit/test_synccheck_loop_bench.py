@@ -112,7 +112,8 @@ def test_the_within_run_goal_is_the_fingerprint_plus_1_ms_a_later_check(capsys, 
     runs = {"armed": [(0.0, 1.0, armed)] * 3, "off": [(0.0, 1.0, dict(_result(0, None, 0), judged_within_s=[0.0]))] * 3}
     assert bench.print_loop("t", cfg, runs) == (0 if met else 1)
     out = capsys.readouterr().out
-    assert "goal (within runs): <= fingerprint + 1 ms = 2.00 ms a later check: %s" % ("met" if met else "NOT met") in out
+    verdict = "met" if met else "NOT met"
+    assert "goal (within runs): <= fingerprint + 1 ms = 2.00 ms a later check: %s" % verdict in out
     assert "(median of 27 checks; IQR %+.2f .. %+.2f); off, same steps +0.00" % (1e3 * added_s, 1e3 * added_s) in out
 
 

@@ -383,8 +383,9 @@ class _StoreChannel(object):
 
     def _group(self):
         """The check's own gloo process group of this rank, made once per scope: a ``ProcessGroupGloo`` built
-        directly over a prefix of the store. Building it is a rendezvous of the ranks' checks only (entered
-        after every rank agreed "go"): no collective on the job's groups, and none of the process-wide group
+        directly over a prefix of the store. Building it is a rendezvous of the ranks' checks only (the zero-code
+        check's as its workers start, :meth:`ready_group`; else at the first exchange, entered after every rank
+        agreed "go"): no collective on the job's groups, and none of the process-wide group
         numbering ``new_group`` uses, so making it from the check's worker thread cannot pair with groups the
         training makes meanwhile. Keyed per rank: replicas that are threads of one process each have theirs."""
         return self._made_group(_user_of_groups())
