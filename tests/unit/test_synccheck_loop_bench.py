@@ -1,6 +1,7 @@
 """benchmarks/synccheck_loop.py: its count of checks follows the check's schedule, its arms are checked for what
 they stand for, its goal is read on the training thread's own time per check against the fingerprint plus 1 ms,
 and its smoke run prints each loop's lines (no timing is asserted)."""
+import re
 import subprocess
 import sys
 
@@ -71,7 +72,8 @@ def test_a_run_is_judged_by_rank_0_with_a_spare_core_else_by_the_rank_that_lost_
     ranks = [{"own_s": 1.0, "first_own_s": 0.5}, {"own_s": 3.0, "first_own_s": 0.2},
              {"own_s": 2.0, "first_own_s": 0.7}]
     assert bench.judged({"spare": spare, "every": 5}, ranks) == {"judged_own_s": own, "judged_first_own_s": first_own,
-                                                                "judged_within_s": []}
+                                                                "judged_within_s": [], "judged_held_first": None,
+                                                                "judged_held": []}
 
 
 def _steps(count, base=0.002, added=None):
@@ -117,6 +119,64 @@ def test_the_within_run_goal_is_the_fingerprint_plus_1_ms_a_later_check(capsys, 
     assert "(median of 27 checks; IQR %+.2f .. %+.2f); off, same steps +0.00" % (1e3 * added_s, 1e3 * added_s) in out
 
 
+def _clocked(hooks, inside):
+    """A rank's result with its step hooks' and fingerprints' seconds per optimizer step (step 1 first)."""
+    return {"own_s": 1.0, "first_own_s": 0.5, "hooks_s": hooks, "in_fingerprint_s": inside}
+
+
+def test_held_pairs_the_first_step_and_each_later_check_s_step_with_its_fingerprint():
+    """Every 3, steps 1-7: the first step (two checks) and the checks after steps 3 and 6; steps 2, 4, 5, 7 held
+    nothing of the check's."""
+    hooks = [0.010, 0.001, 0.006, 0.002, 0.003, 0.007, 0.004]
+    inside = [0.008, 0.0, 0.005, 0.0, 0.0, 0.0065, 0.0]
+    first, later = bench.held_in_checks(_clocked(hooks, inside), 3)
+    assert first == (0.010, 0.008)
+    assert later == [(0.006, 0.005), (0.007, 0.0065)]
+    assert bench.held_in_checks(_clocked(hooks, inside), 1)[1] == list(zip(hooks, inside))[1:]
+    assert bench.held_in_checks({}, 3) == (None, [])
+
+
+@pytest.mark.parametrize("spare, first, later", [(True, (0.004, 0.001), [(0.002, 0.001)]),
+                                                 (False, (0.009, 0.001), [(0.005, 0.001)])])
+def test_held_is_judged_on_rank_0_with_a_spare_core_else_on_the_rank_held_longest_beyond_its_fingerprint(
+        spare, first, later):
+    """Rank 1's fingerprints are the longer ones, rank 2's checks held longest beyond theirs: rank 2 is judged
+    (rank 0 where it has a spare core)."""
+    ranks = [_clocked([0.004, 0.002], [0.001, 0.001]), _clocked([0.012, 0.005], [0.008, 0.004]),
+             _clocked([0.009, 0.005], [0.001, 0.001])]
+    found = bench.judged({"spare": spare, "every": 2}, ranks)
+    assert (found["judged_held_first"], found["judged_held"]) == (first, later)
+
+
+@pytest.mark.parametrize("beyond_s, met", [(0.0009, True), (0.0011, False)])
+def test_the_held_goal_is_the_fingerprint_plus_1_ms_a_check_and_2_ms_in_the_first_step(capsys, beyond_s, met):
+    """Checks that held the training thread ``beyond_s`` past a 5 ms fingerprint each (the first step's two:
+    twice that) meet the held goal, or miss it; the off runs' hook time is printed as the control."""
+    cfg = {"steps": 20, "every": 2, "batch": 1}
+    armed = dict(_result(11), judged_held_first=(0.010 + 2 * beyond_s, 0.010),
+                 judged_held=[(0.005 + beyond_s, 0.005)] * 9)
+    off = dict(_result(0, None, 0), judged_held_first=(0.0001, 0.0), judged_held=[(0.00005, 0.0)] * 9)
+    runs = {"armed": [(0.0, 1.0, armed)] * 3, "off": [(0.0, 1.0, off)] * 3}
+    assert bench.print_loop("t", cfg, runs) == (0 if met else 2)
+    out = capsys.readouterr().out
+    verdict = "met" if met else "NOT met"
+    assert "goal (held): <= the fingerprint + 1 ms a check: %s a later check, %s in the first step" % (
+        verdict, verdict) in out
+    assert "%+8.2f ms (median of 27; IQR" % (1e3 * beyond_s) in out
+    assert "its fingerprint 5.00 ms; off +0.05" in out
+    assert "its fingerprints 10.00 ms; off +0.10" in out
+
+
+def test_a_run_of_the_first_step_alone_judges_only_the_first_step(capsys):
+    """3 steps, a check every 100: no later check, so no later-check goal (its own time, 2 steps, is not one)."""
+    cfg = {"steps": 3, "every": 100, "batch": 1}
+    runs = {"armed": [(0.0, 1.0, _result(2, own=1.5, first_own=0.001))] * 3, "off": [(0.0, 1.0, _result(0, None, 0))] * 3}
+    assert bench.print_loop("t", cfg, runs) == 0
+    out = capsys.readouterr().out
+    assert "a later check:" not in out and "each later check" not in out
+    assert "in the first step: met" in out
+
+
 @pytest.mark.slow
 def test_the_smoke_run_prints_each_loop_in_lines_of_at_most_120_columns():
     pytest.importorskip("torch", reason="the benchmark trains a torch model: no torch here")
@@ -134,7 +194,12 @@ def test_the_smoke_run_prints_each_loop_in_lines_of_at_most_120_columns():
     assert sum(line.startswith("  goal: the training thread loses <= fingerprint + 1 ms") for line in lines) == len(
         bench.LOOPS)
     assert sum(line.startswith("  goal (within runs): ") for line in lines) == len(bench.LOOPS)
-    assert lines[-1] in ["every goal met"] + ["%d goal(s) not met" % n for n in range(1, 3 * len(bench.LOOPS) + 1)]
+    assert sum(line.startswith("  goal (held): ") for line in lines) == len(bench.LOOPS)
+    # the fingerprints inside the checks were timed (their CPU time is more than none), the later ones too
+    inside = [float(re.search(r"its fingerprints? ([0-9.]+) ms", line).group(1)) for line in lines
+              if re.match(r"    (each later check|first step) .* its fingerprint", line)]
+    assert len(inside) == 2 * len(bench.LOOPS) and all(ms > 0 for ms in inside), inside
+    assert lines[-1] in ["every goal met"] + ["%d goal(s) not met" % n for n in range(1, 5 * len(bench.LOOPS) + 1)]
 
 
 def test_bad_counts_are_refused_naming_the_option():
