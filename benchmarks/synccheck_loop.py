@@ -36,7 +36,7 @@ pre-hook and from its own post-hook to the return) and the CPU time of the finge
 its fingerprint* needs no run without the check and resolves to tenths of a ms at any model size (the off runs'
 hooks, the control). It leaves out what the check's worker takes from the training thread between checks.
 
-    python benchmarks/synccheck_loop.py                  # the figures in docs/synccheck.md (about 20 min)
+    python benchmarks/synccheck_loop.py                  # the figures in docs/synccheck.md (about 45 min)
     python benchmarks/synccheck_loop.py --loops small,small-spare --pairs 10
     python benchmarks/synccheck_loop.py --smoke          # seconds: the script works (the small loops only)
 """
